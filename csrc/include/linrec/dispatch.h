@@ -1,0 +1,26 @@
+// The one place where runtime arguments become compile-time types and configs.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "linrec/params.h"
+
+namespace linrec {
+
+// Calls body.template operator()<T>() with the element type that stands for `dtype`. The 16-bit
+// types are passed in because host code (torch's header-only c10::Half) and device code
+// (__half, __nv_bfloat16) store them as different C++ types.
+template <typename Half, typename BFloat16, typename Body>
+decltype(auto) dispatch_dtype(DType dtype, Body&& body) {
+  switch (dtype) {
+    case DType::Float32: return body.template operator()<float>();
+    case DType::Float64: return body.template operator()<double>();
+    case DType::Float16: return body.template operator()<Half>();
+    case DType::BFloat16: return body.template operator()<BFloat16>();
+  }
+  throw std::invalid_argument("linrec: no kernel is compiled for dtype code " +
+                              std::to_string(static_cast<int>(dtype)));
+}
+
+}  // namespace linrec

@@ -1,0 +1,174 @@
+"""Builds linrec's native libraries against the installed torch's stable ABI.
+
+Two shared libraries, neither of them a Python extension module (no Python C API, no pybind11):
+  linrec/_C.so       op schemas and the CPU kernels
+  linrec/_C_cuda.so  the CUDA kernels (cudart linked statically), built when nvcc is found
+Both are loaded with torch.ops.load_library, so one wheel serves every CPython >= 3.10 and every
+torch >= 2.10 (TORCH_TARGET_VERSION). nvcc compiles the .cu files directly, which works with the
+CPU build of torch: torch.utils.cpp_extension.CUDAExtension would refuse it.
+
+Environment:
+  LINREC_NO_CUDA=1        build the CPU kernels only
+  LINREC_CUDA_ARCHS=...   compute capabilities, ';'-separated, '+PTX' also embeds PTX
+                          (default "8.0;9.0;10.0;12.0+PTX")
+  CUDA_HOME               CUDA toolkit to use (else /usr/local/cuda, else the one nvcc on PATH is in)
+  MAX_JOBS                parallel compile jobs (default: CPU count)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).parent.resolve()
+TORCH_TARGET_VERSION = "0x020a000000000000"  # torch 2.10: the oldest torch the built libraries load into
+DEFAULT_CUDA_ARCHS = "8.0;9.0;10.0;12.0+PTX"
+CXX_STD = "-std=c++20"
+
+
+def _log(message: str) -> None:
+    print(f"linrec build: {message}", file=sys.stderr, flush=True)
+
+
+def _torch_paths() -> tuple[Path, Path]:
+    try:
+        import torch  # noqa: PLC0415 - only the build needs torch's headers
+    except ImportError:
+        sys.exit(
+            "linrec build: torch is not importable. linrec compiles against the torch already installed: "
+            "install torch (>= 2.10) first, then `pip install --no-build-isolation .` "
+            "(build isolation would download a second torch just for the build)."
+        )
+    torch_dir = Path(torch.__file__).parent
+    return torch_dir / "include", torch_dir / "lib"
+
+
+def find_cuda_home() -> Path | None:
+    """The CUDA toolkit to build with: CUDA_HOME, CUDA_PATH, /usr/local/cuda, or the one nvcc on PATH is in."""
+    candidates = [Path(os.environ[var]) for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)]
+    candidates.append(Path("/usr/local/cuda"))
+    if shutil.which("nvcc"):
+        candidates.append(Path(shutil.which("nvcc")).resolve().parent.parent)
+    for home in candidates:
+        if (home / "bin" / "nvcc").is_file() and (home / "include" / "cuda_runtime_api.h").is_file():
+            return home.resolve()
+    return None
+
+
+def cuda_gencode_flags(arch_list: str) -> tuple[list[str], list[str]]:
+    """'8.0;9.0+PTX' -> (nvcc -gencode flags, target names such as sm_80, compute_90)."""
+    flags, targets = [], []
+    for entry in filter(None, (item.strip() for item in arch_list.replace(",", ";").split(";"))):
+        arch, _, suffix = entry.partition("+")
+        if suffix.upper() not in ("", "PTX") or not arch.replace(".", "").isdigit() or "." not in arch:
+            sys.exit(f"linrec build: LINREC_CUDA_ARCHS entry {entry!r} is not of the form 9.0 or 12.0+PTX")
+        number = arch.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{number},code=sm_{number}")
+        targets.append(f"sm_{number}")
+        if suffix:
+            flags.append(f"-gencode=arch=compute_{number},code=compute_{number}")
+            targets.append(f"compute_{number}")
+    if not flags:
+        sys.exit("linrec build: LINREC_CUDA_ARCHS names no architecture")
+    return flags, targets
+
+
+class NativeLibrary(Extension):
+    """A plain shared library (not a Python module) compiled from C++ and CUDA sources."""
+
+    def __init__(self, name: str, sources: list[str], uses_cuda: bool):
+        super().__init__(name, sources)
+        self.uses_cuda = uses_cuda
+
+
+class BuildNativeLibraries(build_ext):
+    def get_ext_filename(self, fullname: str) -> str:
+        return os.path.join(*fullname.split(".")) + ".so"
+
+    def build_extension(self, ext: NativeLibrary) -> None:
+        torch_include, torch_lib = _torch_paths()
+        output = Path(self.get_ext_fullpath(ext.name))
+        objects_dir = Path(self.build_temp) / ext.name
+        objects_dir.mkdir(parents=True, exist_ok=True)
+        output.parent.mkdir(parents=True, exist_ok=True)
+
+        cxx = os.environ.get("CXX", "c++")
+        defines = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
+        includes = [f"-I{ROOT / 'csrc' / 'include'}", "-isystem", str(torch_include)]
+        host_flags = [CXX_STD, "-O3", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+        link_flags = ["-shared", f"-L{torch_lib}"]
+        nvcc = cuda_home = None
+        if ext.uses_cuda:
+            cuda_home = find_cuda_home()
+            nvcc = cuda_home / "bin" / "nvcc"
+            gencode, targets = cuda_gencode_flags(os.environ.get("LINREC_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
+            _log(f"CUDA kernels for {','.join(targets)} with {nvcc}")
+            defines.append("-DUSE_CUDA")
+            includes += [f"-I{objects_dir}", "-isystem", str(cuda_home / "include")]
+            # A generated header rather than -D: nvcc splits -D values at commas.
+            (objects_dir / "linrec_build_config.h").write_text(
+                f'#pragma once\n#define LINREC_CUDA_TARGETS "{",".join(targets)}"\n')
+            # libtorch.so pulls in libtorch_cuda.so on CUDA builds of torch, which defines
+            # aoti_torch_get_current_cuda_stream; --no-as-needed keeps that dependency.
+            link_flags += [f"-L{cuda_home / 'lib64'}", "-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu",
+                           "-Wl,--as-needed", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
+        else:
+            link_flags += ["-ltorch_cpu"]
+
+        def compile_source(source: str) -> str:
+            obj = objects_dir / (Path(source).name + ".o")
+            if source.endswith(".cu"):
+                command = [str(nvcc), CXX_STD, "-O3", "-lineinfo", "--threads", "2",
+                           "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills",
+                           *gencode, *defines, *includes, "-c", source, "-o", str(obj)]
+            else:
+                command = [cxx, *host_flags, *defines, *includes, "-c", source, "-o", str(obj)]
+            _log(" ".join(command))
+            subprocess.run(command, check=True, cwd=ROOT)
+            return str(obj)
+
+        jobs = int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            objects = list(pool.map(compile_source, ext.sources))
+        command = [cxx, *objects, *link_flags, "-o", str(output)]
+        _log(" ".join(command))
+        subprocess.run(command, check=True, cwd=ROOT)
+
+
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform>: the libraries use no Python C API, so one wheel serves every CPython."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", super().get_tag()[2]
+
+
+def native_libraries() -> list[NativeLibrary]:
+    libraries = [NativeLibrary("linrec._C", ["csrc/kernels/schemas.cpp", "csrc/kernels/cpu/linrec_cpu.cpp"],
+                               uses_cuda=False)]
+    if os.environ.get("LINREC_NO_CUDA", "0") not in ("", "0"):
+        _log("LINREC_NO_CUDA is set: building the CPU kernels only")
+    elif find_cuda_home() is None:
+        _log("no CUDA toolkit found (set CUDA_HOME, or put nvcc on PATH): building the CPU kernels only")
+    else:
+        libraries.append(NativeLibrary(
+            "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/sequential_scan.cu"],
+            uses_cuda=True))
+    return libraries
+
+
+setup(
+    ext_modules=native_libraries(),
+    cmdclass={"build_ext": BuildNativeLibraries, "bdist_wheel": PlatformWheel},
+)

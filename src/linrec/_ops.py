@@ -1,0 +1,74 @@
+"""Loads the native libraries and registers what PyTorch needs around the C++ ops: fake kernels
+(shapes for torch.compile and meta tensors) and the autograd formula.
+
+torch.ops.linrec.forward(inputs, coeffs, reverse) -> outputs
+torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse) -> (d_inputs, d_coeffs)
+Both scan the last dim; schemas are declared in csrc/kernels/schemas.cpp.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ._checks import check_operands
+
+MIN_TORCH = (2, 10)
+_LIBRARY_DIR = Path(__file__).parent
+_CPU_LIBRARY = _LIBRARY_DIR / "_C.so"
+_CUDA_LIBRARY = _LIBRARY_DIR / "_C_cuda.so"
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+if _torch_version() < MIN_TORCH:
+    raise ImportError(
+        f"linrec needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (its kernels use the LibTorch stable ABI of "
+        f"that version), found torch {torch.__version__}"
+    )
+
+torch.ops.load_library(str(_CPU_LIBRARY))
+
+#: True when this build holds CUDA kernels and the installed torch can run them.
+HAS_CUDA_KERNELS = _CUDA_LIBRARY.exists() and torch.version.cuda is not None
+if HAS_CUDA_KERNELS:
+    try:
+        torch.ops.load_library(str(_CUDA_LIBRARY))
+    except OSError as error:
+        raise ImportError(
+            f"linrec: could not load its CUDA kernels ({_CUDA_LIBRARY.name}) into torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}): {error}"
+        ) from error
+
+
+@torch.library.register_fake("linrec::forward")
+def _forward_fake(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    check_operands("linrec.forward", inputs=inputs, coeffs=coeffs)
+    return inputs.new_empty(inputs.shape)
+
+
+@torch.library.register_fake("linrec::backward")
+def _backward_fake(
+    d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tensor, reverse: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_operands("linrec.backward", d_outputs=d_outputs, coeffs=coeffs, outputs=outputs)
+    return d_outputs.new_empty(d_outputs.shape), d_outputs.new_empty(d_outputs.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    _, coeffs, reverse = inputs
+    ctx.save_for_backward(coeffs, output)
+    ctx.reverse = reverse
+
+
+def _backward(ctx, d_outputs: torch.Tensor):
+    coeffs, outputs = ctx.saved_tensors
+    d_inputs, d_coeffs = torch.ops.linrec.backward(d_outputs, coeffs, outputs, ctx.reverse)
+    return d_inputs, d_coeffs, None
+
+
+torch.library.register_autograd("linrec::forward", _backward, setup_context=_setup_context)

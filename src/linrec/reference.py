@@ -1,0 +1,77 @@
+"""Pure-PyTorch linear recurrences: the ground truth for tests and the baselines for benchmarks.
+
+Each takes time-last tensors, ``(inputs, coeffs, reverse) -> outputs``, computes
+``outputs[0] = inputs[0]`` and ``outputs[l] = coeffs[l] * outputs[l-1] + inputs[l]`` (the first
+coefficient takes no part), and is differentiable through autograd. 16-bit inputs are computed in
+float32 and the result is cast back.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Recurrence = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def linrec_loop(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """One step per time index, vectorized over the leading dims. Slow for long sequences, exact."""
+    dtype = _compute_dtype(inputs.dtype)
+    steps = range(inputs.shape[-1] - 1, -1, -1) if reverse else range(inputs.shape[-1])
+    outputs = []
+    for step, l in enumerate(steps):
+        x = inputs[..., l].to(dtype)
+        outputs.append(x if step == 0 else coeffs[..., l].to(dtype) * outputs[-1] + x)
+    if not outputs:
+        return torch.empty_like(inputs)
+    if reverse:
+        outputs.reverse()
+    return torch.stack(outputs, dim=-1).to(inputs.dtype)
+
+
+def _combine(earlier: tuple[torch.Tensor, torch.Tensor], later: tuple[torch.Tensor, torch.Tensor]):
+    # Composing y -> c1*y + x1 with y -> c2*y + x2 gives y -> (c2*c1)*y + (c2*x1 + x2).
+    coeff_earlier, input_earlier = earlier
+    coeff_later, input_later = later
+    return coeff_later * coeff_earlier, coeff_later * input_earlier + input_later
+
+
+def linrec_hop(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """torch's associative_scan higher-order op over (coeff, input) pairs, O(log L) depth."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    if inputs.shape[-1] == 0:
+        return torch.empty_like(inputs)
+    dtype = _compute_dtype(inputs.dtype)
+    _, outputs = associative_scan(
+        _combine, (coeffs.to(dtype), inputs.to(dtype)), dim=inputs.dim() - 1, reverse=reverse, combine_mode="generic"
+    )
+    return outputs.to(inputs.dtype)
+
+
+def linrec_heinsen(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Heinsen's log-space form: two prefix sums (cumsum and logcumsumexp) over complex logarithms,
+    so negative values work. Loses precision when the coefficients' cumulative product under- or
+    overflows, and is undefined for zero coefficients."""
+    if reverse:
+        return linrec_heinsen(inputs.flip(-1), coeffs.flip(-1)).flip(-1)
+    if inputs.shape[-1] == 0:
+        return torch.empty_like(inputs)
+    complex_dtype = torch.complex128 if inputs.dtype == torch.float64 else torch.complex64
+    log_coeffs = torch.log(coeffs.to(complex_dtype))
+    # The first coefficient takes no part: replace its log by log(1) = 0.
+    log_coeffs = torch.cat([torch.zeros_like(log_coeffs[..., :1]), log_coeffs[..., 1:]], dim=-1)
+    log_cumulative_coeffs = torch.cumsum(log_coeffs, dim=-1)
+    log_outputs = log_cumulative_coeffs + torch.logcumsumexp(
+        torch.log(inputs.to(complex_dtype)) - log_cumulative_coeffs, dim=-1
+    )
+    return torch.exp(log_outputs).real.to(inputs.dtype)
+
+
+#: The reference implementations by name, as ``linrec.linrec(..., backend=name)`` selects them.
+REFERENCES: dict[str, Recurrence] = {"loop": linrec_loop, "hop": linrec_hop, "heinsen": linrec_heinsen}
