@@ -28,7 +28,7 @@ def linrec_loop(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = Fals
         x = inputs[..., l].to(dtype)
         outputs.append(x if step == 0 else coeffs[..., l].to(dtype) * outputs[-1] + x)
     if not outputs:
-        return torch.empty_like(inputs)
+        return inputs.clone()  # empty, but part of the autograd graph like any other result
     if reverse:
         outputs.reverse()
     return torch.stack(outputs, dim=-1).to(inputs.dtype)
@@ -46,7 +46,7 @@ def linrec_hop(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False
     from torch._higher_order_ops.associative_scan import associative_scan
 
     if inputs.shape[-1] == 0:
-        return torch.empty_like(inputs)
+        return inputs.clone()  # empty, but part of the autograd graph like any other result
     dtype = _compute_dtype(inputs.dtype)
     _, outputs = associative_scan(
         _combine, (coeffs.to(dtype), inputs.to(dtype)), dim=inputs.dim() - 1, reverse=reverse, combine_mode="generic"
@@ -61,7 +61,7 @@ def linrec_heinsen(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = F
     if reverse:
         return linrec_heinsen(inputs.flip(-1), coeffs.flip(-1)).flip(-1)
     if inputs.shape[-1] == 0:
-        return torch.empty_like(inputs)
+        return inputs.clone()  # empty, but part of the autograd graph like any other result
     complex_dtype = torch.complex128 if inputs.dtype == torch.float64 else torch.complex64
     log_coeffs = torch.log(coeffs.to(complex_dtype))
     # The first coefficient takes no part: replace its log by log(1) = 0.

@@ -1,0 +1,182 @@
+"""Throughput of linrec next to torch.add on the same shape and dtype, forward and backward.
+
+    python -m linrec.bench [--device cpu|cuda] [--dtypes float32,bfloat16] [--out bench-results]
+
+Prints GB/s of every implementation and its ratio to torch.add measured in the same process, and
+writes a CSV (and a PNG when matplotlib is installed). Bytes counted are the fewest each call must
+move: forward reads inputs and coeffs and writes outputs (3 tensors); backward reads d_outputs,
+coeffs and outputs and writes d_inputs and d_coeffs (5 tensors). torch.add moves 3 tensors; its
+GB/s is the ceiling the ratio is taken against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+import linrec
+
+#: (number of sequences, sequence length), time last. GPU shapes fill the chip with 100 sequences per SM.
+CPU_SHAPES = [(256, 256), (64, 4096), (16, 65536), (65536, 16)]
+# The references take O(L) Python steps (loop) or several full-size temporaries (hop, heinsen):
+# run them only where they finish in reasonable time and memory.
+MAX_REFERENCE_LENGTH = {"loop": 64, "hop": 1 << 16, "heinsen": 1 << 16}
+MAX_REFERENCE_ELEMENTS = 1 << 24
+
+
+def gpu_shapes(device: torch.device) -> list[tuple[int, int]]:
+    sequences = 100 * torch.cuda.get_device_properties(device).multi_processor_count
+    return [(sequences, length) for length in (256, 1024, 4096, 16384)] + [(1 << 20, 16), (1 << 18, 64)]
+
+
+def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    """Median milliseconds per call, after warm-up."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+
+            return lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
+        except ImportError:
+            return lambda fn: _median_cuda_events(fn)
+    return _median_wall_clock
+
+
+def _median_cuda_events(fn, repeats: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _median_wall_clock(fn, budget_s: float = 0.3) -> float:
+    fn()
+    times = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 100):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def implementations() -> dict[str, Callable | None]:
+    """None stands for the compiled kernels, called through the registered ops."""
+    return {"linrec": None, **linrec.REFERENCES}
+
+
+def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progress) -> list[dict]:
+    time_ms = timer(device)
+    rows = []
+    cases = [(dtype, shape) for dtype in dtypes for shape in shapes]
+    for dtype, (sequences, length) in progress(cases):
+        inputs = torch.randn(sequences, length, device=device, dtype=dtype)
+        coeffs = torch.rand(sequences, length, device=device, dtype=dtype)
+        d_outputs = torch.randn_like(inputs)
+        tensor_gb = inputs.numel() * inputs.element_size() / 1e9
+        add_ms = time_ms(lambda: torch.add(inputs, coeffs))
+        add_gbps = 3 * tensor_gb / (add_ms / 1e3)
+        base = dict(device=device.type, dtype=str(dtype).removeprefix("torch."), sequences=sequences, length=length)
+        rows.append(dict(base, impl="torch.add", direction="fwd", ms=add_ms, gbps=add_gbps, ratio=1.0))
+        for name, reference in implementations().items():
+            if reference is not None and (length > MAX_REFERENCE_LENGTH[name] or inputs.numel() > MAX_REFERENCE_ELEMENTS):
+                continue
+            if reference is None:
+                outputs = torch.ops.linrec.forward(inputs, coeffs, False)
+                forward = lambda: torch.ops.linrec.forward(inputs, coeffs, False)  # noqa: E731
+                backward = lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs, False)  # noqa: E731
+            else:
+                x, c = inputs.clone().requires_grad_(), coeffs.clone().requires_grad_()
+                outputs = reference(x, c, False)
+                forward = lambda: reference(inputs, coeffs, False)  # noqa: E731
+                backward = lambda: torch.autograd.grad(outputs, (x, c), d_outputs, retain_graph=True)  # noqa: E731
+            for direction, fn, tensors in (("fwd", forward, 3), ("bwd", backward, 5)):
+                ms = time_ms(fn)
+                gbps = tensors * tensor_gb / (ms / 1e3)
+                rows.append(dict(base, impl=name, direction=direction, ms=ms, gbps=gbps, ratio=gbps / add_gbps))
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    header = f"{'dtype':>8} {'seqs':>8} {'len':>6} {'impl':>10} {'dir':>3} {'ms':>9} {'GB/s':>8} {'x add':>6}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row['dtype']:>8} {row['sequences']:>8} {row['length']:>6} {row['impl']:>10} {row['direction']:>3} "
+            f"{row['ms']:>9.4f} {row['gbps']:>8.1f} {row['ratio']:>6.2f}"
+        )
+
+
+def write_outputs(rows: list[dict], out_dir: Path, device: torch.device) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = out_dir / f"linrec-bench-{device.type}.csv"
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {csv_path}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'linrec[bench]'): no plot")
+        return
+    dtypes = sorted({row["dtype"] for row in rows})
+    figure, axes = plt.subplots(len(dtypes), 2, figsize=(11, 3.6 * len(dtypes)), squeeze=False)
+    for row_axes, dtype in zip(axes, dtypes):
+        for ax, direction in zip(row_axes, ("fwd", "bwd")):
+            for impl in dict.fromkeys(row["impl"] for row in rows):
+                points = [r for r in rows if r["dtype"] == dtype and r["impl"] == impl
+                          and r["direction"] in (direction, "fwd" if impl == "torch.add" else direction)]
+                if points:
+                    labels = [f"{r['sequences']}x{r['length']}" for r in points]
+                    ax.plot(labels, [r["gbps"] for r in points], marker="o", label=impl)
+            ax.set_title(f"{device.type} {dtype} {direction}")
+            ax.set_ylabel("GB/s")
+            ax.tick_params(axis="x", rotation=45)
+            ax.legend(fontsize=7)
+    figure.tight_layout()
+    png_path = out_dir / f"linrec-bench-{device.type}.png"
+    figure.savefig(png_path, dpi=100)
+    print(f"wrote {png_path}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default_device = "cuda" if torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS else "cpu"
+    parser.add_argument("--device", default=default_device, help=f"cpu or cuda (default: {default_device})")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for the CSV and PNG")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    dtypes = [getattr(torch, name.strip()) for name in args.dtypes.split(",")]
+    shapes = gpu_shapes(device) if device.type == "cuda" else CPU_SHAPES
+    try:
+        from tqdm import tqdm as progress
+    except ImportError:
+        progress = lambda cases: cases  # noqa: E731
+    print(f"linrec {linrec.__version__}, torch {torch.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f" ({torch.get_num_threads()} threads)"))
+    rows = measure(device, dtypes, shapes, progress)
+    print_table(rows)
+    write_outputs(rows, args.out, device)
+
+
+if __name__ == "__main__":
+    main()

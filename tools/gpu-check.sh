@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, with wheels built on the CPU machine in dist/
+# (default archs) and, optionally, dist-sm80/ (LINREC_CUDA_ARCHS=8.0, to see the unsupported-arch error
+# on a newer GPU). Installs the wheel with --no-deps into the machine's torch, runs the whole test
+# suite (CPU and CUDA), then the benchmark. Logs go to $OUT (or ./gpu-check-out).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+out=${OUT:-gpu-check-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv | tee "$out/gpu.txt"
+python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
+python3 -m pip install --no-deps --force-reinstall dist/linrec-*.whl 2>&1 | tail -1 | tee "$out/install.txt" || exit 1
+(cd /tmp && python3 -m pytest "$OLDPWD/tests" -q -rs -p no:cacheprovider 2>&1) | tee "$out/pytest.txt"
+status=$?
+python3 -m linrec.bench --out "$out" 2>&1 | tee "$out/bench.txt"
+if compgen -G "dist-sm80/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-deps --target /tmp/linrec-sm80 dist-sm80/linrec-*.whl
+  PYTHONPATH=/tmp/linrec-sm80 python3 - <<'PY' 2>&1 | tee "$out/arch-error.txt"
+import torch, linrec
+print("loaded", linrec.__file__)
+try:
+    linrec.linrec(torch.randn(2, 5, device="cuda"), torch.rand(2, 5, device="cuda"))
+    print("FAIL: no error from a build without kernels for this GPU")
+except RuntimeError as error:
+    print(type(error).__name__ + ":", error)
+PY
+fi
+exit $status
