@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, with wheels built on the CPU machine in dist/
 # (default archs) and, optionally, dist-sm80/ (LINREC_CUDA_ARCHS=8.0, to see the unsupported-arch error
-# on a newer GPU). Installs the wheel with --no-deps into the machine's torch, runs the whole test
-# suite (CPU and CUDA), then the benchmark. Logs go to $OUT (or ./gpu-check-out).
+# on a newer GPU) and build/cmake/linrec_check_kernels (the CMake build's torch-free kernel check, run
+# under compute-sanitizer). Installs the wheel with --no-deps into the machine's torch, runs the whole
+# test suite (CPU and CUDA), then the benchmark. Logs go to $OUT (or ./gpu-check-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${OUT:-gpu-check-out}
@@ -24,5 +25,11 @@ try:
 except RuntimeError as error:
     print(type(error).__name__ + ":", error)
 PY
+fi
+if [ -x build/cmake/linrec_check_kernels ]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 3 build/cmake/linrec_check_kernels 1001 2>&1 \
+      | tail -4 | tee "$out/sanitizer-$tool.txt"
+  done
 fi
 exit $status
