@@ -1,8 +1,10 @@
 // The one place where runtime arguments become compile-time types and configs.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "linrec/params.h"
 
@@ -21,6 +23,20 @@ decltype(auto) dispatch_dtype(DType dtype, Body&& body) {
   }
   throw std::invalid_argument("linrec: no kernel is compiled for dtype code " +
                               std::to_string(static_cast<int>(dtype)));
+}
+
+}  // namespace linrec
+
+namespace linrec {
+
+// Calls body.template operator()<Config>() for the entry of Configs equal to `config`; throws,
+// naming the requested config, when it is not compiled in.
+template <auto Configs, typename Config, typename Body>
+void dispatch_config(const Config& config, Body&& body) {
+  const bool found = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return ((Configs[I] == config ? (body.template operator()<Configs[I]>(), true) : false) || ...);
+  }(std::make_index_sequence<Configs.size()>());
+  if (!found) throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(config));
 }
 
 }  // namespace linrec
