@@ -1,9 +1,11 @@
 """Loads the native libraries and registers what PyTorch needs around the C++ ops: fake kernels
 (shapes for torch.compile and meta tensors) and the autograd formula.
 
-torch.ops.linrec.forward(inputs, coeffs, reverse) -> outputs
-torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse) -> (d_inputs, d_coeffs)
-Both scan the last dim; schemas are declared in csrc/kernels/schemas.cpp.
+torch.ops.linrec.forward(inputs, coeffs, reverse, threads_per_sequence=0, vectors_per_thread=0) -> outputs
+torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse, threads_per_sequence=0, vectors_per_thread=0)
+    -> (d_inputs, d_coeffs)
+Both scan the last dim; schemas are declared in csrc/kernels/schemas.cpp. The two config ints force
+a CUDA kernel configuration (tuning, experiments); 0 and 0 choose one per shape.
 """
 
 from __future__ import annotations
@@ -46,21 +48,32 @@ if HAS_CUDA_KERNELS:
 
 
 @torch.library.register_fake("linrec::forward")
-def _forward_fake(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+def _forward_fake(
+    inputs: torch.Tensor,
+    coeffs: torch.Tensor,
+    reverse: bool = False,
+    threads_per_sequence: int = 0,
+    vectors_per_thread: int = 0,
+) -> torch.Tensor:
     check_operands("linrec.forward", inputs=inputs, coeffs=coeffs)
     return inputs.new_empty(inputs.shape)
 
 
 @torch.library.register_fake("linrec::backward")
 def _backward_fake(
-    d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tensor, reverse: bool = False
+    d_outputs: torch.Tensor,
+    coeffs: torch.Tensor,
+    outputs: torch.Tensor,
+    reverse: bool = False,
+    threads_per_sequence: int = 0,
+    vectors_per_thread: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_operands("linrec.backward", d_outputs=d_outputs, coeffs=coeffs, outputs=outputs)
     return d_outputs.new_empty(d_outputs.shape), d_outputs.new_empty(d_outputs.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    _, coeffs, reverse = inputs
+    _, coeffs, reverse, *_ = inputs  # the forced kernel config, if any, is the forward's alone
     ctx.save_for_backward(coeffs, output)
     ctx.reverse = reverse
 
@@ -68,7 +81,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, d_outputs: torch.Tensor):
     coeffs, outputs = ctx.saved_tensors
     d_inputs, d_coeffs = torch.ops.linrec.backward(d_outputs, coeffs, outputs, ctx.reverse)
-    return d_inputs, d_coeffs, None
+    return d_inputs, d_coeffs, None, None, None
 
 
 torch.library.register_autograd("linrec::forward", _backward, setup_context=_setup_context)

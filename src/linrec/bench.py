@@ -32,7 +32,8 @@ MAX_REFERENCE_ELEMENTS = 1 << 24
 
 def gpu_shapes(device: torch.device) -> list[tuple[int, int]]:
     sequences = 100 * torch.cuda.get_device_properties(device).multi_processor_count
-    return [(sequences, length) for length in (256, 1024, 4096, 16384)] + [(1 << 20, 16), (1 << 18, 64)]
+    lengths = (256, 1024, 4096, 4095, 16384, 65536)  # 4095: rows not 16-byte aligned
+    return [(sequences, length) for length in lengths] + [(1 << 20, 16), (1 << 18, 64)]
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:

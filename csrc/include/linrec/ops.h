@@ -80,12 +80,19 @@ inline DType check_operands(const char* op, std::initializer_list<NamedTensor> o
   return dtype;
 }
 
-inline SequenceLayout sequence_layout(const Tensor& like, DType dtype, bool reverse) {
+inline SequenceLayout sequence_layout(const char* op, const Tensor& like, DType dtype, bool reverse,
+                                      int64_t threads_per_sequence, int64_t vectors_per_thread) {
+  LINREC_CHECK(threads_per_sequence >= 0 && vectors_per_thread >= 0 &&
+                   (threads_per_sequence == 0) == (vectors_per_thread == 0),
+               op, ": threads_per_sequence and vectors_per_thread must both be 0 (automatic) or both positive, got ",
+               threads_per_sequence, " and ", vectors_per_thread);
   SequenceLayout layout;
   layout.seq_len = like.size(like.dim() - 1);
   layout.num_sequences = layout.seq_len == 0 ? 0 : like.numel() / layout.seq_len;
   layout.reverse = reverse;
   layout.dtype = dtype;
+  layout.threads_per_sequence = static_cast<int>(threads_per_sequence);
+  layout.vectors_per_thread = static_cast<int>(vectors_per_thread);
   return layout;
 }
 
@@ -98,14 +105,16 @@ inline Tensor new_output(const Tensor& like) { return torch::stable::new_empty(l
 
 // Launch(params, like): runs the kernel on the device of `like`.
 template <void (*Launch)(const ForwardParams&, const Tensor&)>
-Tensor forward_op(const Tensor& inputs_arg, const Tensor& coeffs_arg, bool reverse) {
+Tensor forward_op(const Tensor& inputs_arg, const Tensor& coeffs_arg, bool reverse, int64_t threads_per_sequence,
+                  int64_t vectors_per_thread) {
   const DType dtype = check_operands("linrec.forward", {{"inputs", inputs_arg}, {"coeffs", coeffs_arg}});
   const Tensor inputs = as_contiguous(inputs_arg);
   const Tensor coeffs = as_contiguous(coeffs_arg);
   Tensor outputs = new_output(inputs);
 
   ForwardParams params;
-  static_cast<SequenceLayout&>(params) = sequence_layout(inputs, dtype, reverse);
+  static_cast<SequenceLayout&>(params) =
+      sequence_layout("linrec.forward", inputs, dtype, reverse, threads_per_sequence, vectors_per_thread);
   params.inputs = inputs.const_data_ptr();
   params.coeffs = coeffs.const_data_ptr();
   params.outputs = outputs.mutable_data_ptr();
@@ -115,7 +124,8 @@ Tensor forward_op(const Tensor& inputs_arg, const Tensor& coeffs_arg, bool rever
 
 template <void (*Launch)(const BackwardParams&, const Tensor&)>
 std::tuple<Tensor, Tensor> backward_op(const Tensor& d_outputs_arg, const Tensor& coeffs_arg,
-                                       const Tensor& outputs_arg, bool reverse) {
+                                       const Tensor& outputs_arg, bool reverse, int64_t threads_per_sequence,
+                                       int64_t vectors_per_thread) {
   const DType dtype = check_operands(
       "linrec.backward", {{"d_outputs", d_outputs_arg}, {"coeffs", coeffs_arg}, {"outputs", outputs_arg}});
   const Tensor d_outputs = as_contiguous(d_outputs_arg);
@@ -125,7 +135,8 @@ std::tuple<Tensor, Tensor> backward_op(const Tensor& d_outputs_arg, const Tensor
   Tensor d_coeffs = new_output(d_outputs);
 
   BackwardParams params;
-  static_cast<SequenceLayout&>(params) = sequence_layout(d_outputs, dtype, reverse);
+  static_cast<SequenceLayout&>(params) =
+      sequence_layout("linrec.backward", d_outputs, dtype, reverse, threads_per_sequence, vectors_per_thread);
   params.d_outputs = d_outputs.const_data_ptr();
   params.coeffs = coeffs.const_data_ptr();
   params.outputs = outputs.const_data_ptr();

@@ -25,6 +25,9 @@ struct SequenceLayout {
   int64_t seq_len = 0;
   bool reverse = false;  // scan from the last element towards the first
   DType dtype = DType::Float32;
+  // CUDA kernel config forced for experiments and tuning; 0 and 0 let the launcher choose per shape.
+  int threads_per_sequence = 0;
+  int vectors_per_thread = 0;
 
   int64_t numel() const { return num_sequences * seq_len; }
 };

@@ -35,8 +35,10 @@ inline std::string describe(const PipeConfig& config) {
 namespace cuda {
 namespace {
 
-// (threads per sequence, 16-byte vectors per thread), smallest tile first.
-constexpr std::array<std::array<int, 2>, 5> kTileShapes{{{4, 1}, {16, 1}, {32, 2}, {128, 2}, {256, 2}}};
+// (threads per sequence, 16-byte vectors per thread), smallest tile first. Up to 32 threads a sequence
+// is one warp or less, several sequences packed into a block; beyond, a block per sequence.
+constexpr std::array<std::array<int, 2>, 9> kTileShapes{
+    {{2, 1}, {4, 1}, {8, 1}, {16, 1}, {32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}}};
 
 constexpr auto kPipeConfigs = [] {
   std::array<PipeConfig, kTileShapes.size() * 4> configs{};
@@ -169,15 +171,21 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
 
 bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
-// The smallest tile that holds the whole sequence, else the largest one, looping over tiles.
+// The config forced in the params, else the smallest tile that holds the whole sequence, else the
+// largest tile, looping over tiles.
 template <typename T>
 PipeConfig choose_config(const SequenceLayout& layout, std::initializer_list<const void*> pointers) {
   PipeConfig config{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, true};
-  for (const auto& [threads, vectors] : kTileShapes) {
-    if (static_cast<int64_t>(threads) * vectors * items_per_vector<T>() >= layout.seq_len) {
-      config.threads_per_sequence = threads;
-      config.vectors_per_thread = vectors;
-      break;
+  if (layout.threads_per_sequence > 0) {
+    config.threads_per_sequence = layout.threads_per_sequence;
+    config.vectors_per_thread = layout.vectors_per_thread;
+  } else {
+    for (const auto& [threads, vectors] : kTileShapes) {
+      if (static_cast<int64_t>(threads) * vectors * items_per_vector<T>() >= layout.seq_len) {
+        config.threads_per_sequence = threads;
+        config.vectors_per_thread = vectors;
+        break;
+      }
     }
   }
   config.vectorized = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;

@@ -1,0 +1,69 @@
+"""Times every compiled CUDA kernel config on the shapes of the benchmark and reports the best one
+next to the config the launcher picks by itself.
+
+    python -m linrec.tune [--dtypes float32,bfloat16] [--out bench-results]
+
+Configs are forced through the ops' threads_per_sequence and vectors_per_thread arguments. The
+launcher's choice (csrc/kernels/cuda/pipe_scan.cu, choose_config) is a heuristic; this report is
+how it is checked and revised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import torch
+
+import linrec
+from linrec.bench import gpu_shapes, timer
+
+#: (threads per sequence, 16-byte vectors per thread): the kTileShapes of pipe_scan.cu.
+TILE_SHAPES = [(2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (64, 2), (128, 2), (256, 2)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    if not (torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS):
+        raise SystemExit("linrec.tune needs a CUDA GPU and linrec's CUDA kernels")
+    device = torch.device("cuda")
+    time_ms = timer(device)
+    rows = []
+    print(f"{'dtype':>8} {'shape':>14} {'dir':>3} {'auto x add':>10} {'best x add':>10} {'best config':>12}")
+    for dtype in [getattr(torch, name.strip()) for name in args.dtypes.split(",")]:
+        for sequences, length in gpu_shapes(device):
+            inputs = torch.randn(sequences, length, device=device, dtype=dtype)
+            coeffs = torch.rand_like(inputs)
+            d_outputs = torch.randn_like(inputs)
+            outputs = torch.ops.linrec.forward(inputs, coeffs, False)
+            add_ms = time_ms(lambda: torch.add(inputs, coeffs))
+            calls = {
+                "fwd": (3, lambda *config: torch.ops.linrec.forward(inputs, coeffs, False, *config)),
+                "bwd": (5, lambda *config: torch.ops.linrec.backward(d_outputs, coeffs, outputs, False, *config)),
+            }
+            for direction, (tensors, call) in calls.items():
+                ratio = {}
+                for config in [(0, 0), *TILE_SHAPES]:
+                    ms = time_ms(lambda: call(*config))
+                    ratio[config] = tensors / 3 * add_ms / ms
+                    rows.append(dict(dtype=str(dtype).removeprefix("torch."), sequences=sequences, length=length,
+                                     direction=direction, threads_per_sequence=config[0],
+                                     vectors_per_thread=config[1], ms=ms, ratio_to_add=ratio[config]))
+                best = max(TILE_SHAPES, key=ratio.get)
+                print(f"{rows[-1]['dtype']:>8} {f'{sequences}x{length}':>14} {direction:>3} {ratio[(0, 0)]:>10.2f} "
+                      f"{ratio[best]:>10.2f} {str(best):>12}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "linrec-tune.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
