@@ -20,7 +20,7 @@ import linrec
 from linrec.bench import gpu_shapes, timer
 
 #: (threads per sequence, 16-byte vectors per thread): the kTileShapes of pipe_scan.cu.
-TILE_SHAPES = [(2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (64, 2), (128, 2), (256, 2)]
+TILE_SHAPES = [(2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (64, 2)]
 
 
 def main(argv: list[str] | None = None) -> None:

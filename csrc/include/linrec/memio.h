@@ -1,52 +1,116 @@
-// Moving a thread's items between global memory and registers. Each thread owns Items consecutive
-// elements; neighbouring threads own neighbouring chunks, so a warp's accesses are contiguous.
+// Moving a tile between global memory and registers. A segment of ThreadsPerSequence threads owns a
+// tile; each thread holds Items consecutive elements of it in registers. Two strategies:
+//   Vectorized: each thread reads and writes its own chunk with 16-byte accesses; needs 16-byte
+//               aligned rows. Neighbouring threads' chunks are adjacent, so a warp's accesses are
+//               contiguous.
+//   Staged:     the segment reads the tile element-interleaved (thread r takes r, r + ThreadsPerSequence,
+//               ...), coalesced for any alignment, and shared memory regroups the elements into
+//               per-thread chunks (and back for stores).
 #pragma once
 
 #include <cstdint>
 
-namespace linrec::memio {
+namespace linrec {
 
-// 16-byte accesses when the chunk lies fully inside the sequence and Vectorized says the pointers
-// and row length allow them; element by element otherwise, `fill` standing in past the end.
-template <bool Vectorized, int Items, typename T, typename Acc>
-__device__ __forceinline__ void load_chunk(const T* row, int64_t begin, int64_t length, Acc (&items)[Items], Acc fill) {
-  constexpr int kPerVector = 16 / sizeof(T);
-  if constexpr (Vectorized && Items % kPerVector == 0) {
-    if (begin + Items <= length) {
-      #pragma unroll
-      for (int v = 0; v < Items / kPerVector; ++v) {
-        const uint4 bits = *reinterpret_cast<const uint4*>(row + begin + v * kPerVector);
-        const T* values = reinterpret_cast<const T*>(&bits);
+enum class Access : int8_t { Vectorized, Staged };
+
+inline const char* access_name(Access access) { return access == Access::Vectorized ? "vectorized" : "staged"; }
+
+template <typename T, int ThreadsPerSequence, int BlockThreads, int Items, Access Mode>
+struct TileIO {
+  static constexpr int kTile = ThreadsPerSequence * Items;
+  // One bank's worth of padding after every 128 bytes keeps the per-thread chunk reads conflict-free.
+  static constexpr int kRowElements = 128 / sizeof(T);
+  static constexpr int kPadElements = sizeof(T) < 4 ? 4 / sizeof(T) : 1;
+  __host__ __device__ static constexpr int padded(int index) { return index + index / kRowElements * kPadElements; }
+
+  struct Storage {
+    T staged[Mode == Access::Staged ? padded(BlockThreads * Items) : 1];
+  };
+
+  Storage& storage;
+  const int rank;          // the thread's index within its segment
+  const int segment_base;  // the segment's first element in storage
+
+  __device__ __forceinline__ TileIO(Storage& storage_, int rank_, int segment)
+      : storage(storage_), rank(rank_), segment_base(segment * kTile) {}
+
+  // The segment's threads exchange data through shared memory: a warp barrier suffices when the
+  // segment lies within one warp.
+  __device__ __forceinline__ static void sync() {
+    if constexpr (ThreadsPerSequence <= 32) __syncwarp();
+    else __syncthreads();
+  }
+
+  // items[i] = row[tile_begin + rank * Items + i], or fill past length.
+  template <typename Acc>
+  __device__ __forceinline__ void load(const T* row, int64_t tile_begin, int64_t length, Acc (&items)[Items],
+                                       Acc fill) const {
+    if constexpr (Mode == Access::Vectorized) {
+      constexpr int kPerVector = 16 / sizeof(T);
+      static_assert(Items % kPerVector == 0, "vectorized chunks are whole 16-byte vectors");
+      const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
+      if (begin + Items <= length) {
         #pragma unroll
-        for (int i = 0; i < kPerVector; ++i) items[v * kPerVector + i] = static_cast<Acc>(values[i]);
+        for (int v = 0; v < Items / kPerVector; ++v) {
+          const uint4 bits = *reinterpret_cast<const uint4*>(row + begin + v * kPerVector);
+          const T* values = reinterpret_cast<const T*>(&bits);
+          #pragma unroll
+          for (int i = 0; i < kPerVector; ++i) items[v * kPerVector + i] = static_cast<Acc>(values[i]);
+        }
+      } else {
+        #pragma unroll
+        for (int i = 0; i < Items; ++i) items[i] = begin + i < length ? static_cast<Acc>(row[begin + i]) : fill;
       }
-      return;
+    } else {
+      #pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        const int index = rank + k * ThreadsPerSequence;
+        storage.staged[padded(segment_base + index)] =
+            tile_begin + index < length ? row[tile_begin + index] : static_cast<T>(fill);
+      }
+      sync();
+      #pragma unroll
+      for (int i = 0; i < Items; ++i)
+        items[i] = static_cast<Acc>(storage.staged[padded(segment_base + rank * Items + i)]);
+      sync();  // the next load or store reuses the buffer
     }
   }
-  #pragma unroll
-  for (int i = 0; i < Items; ++i) items[i] = begin + i < length ? static_cast<Acc>(row[begin + i]) : fill;
-}
 
-template <bool Vectorized, int Items, typename T, typename Acc>
-__device__ __forceinline__ void store_chunk(T* row, int64_t begin, int64_t length, const Acc (&items)[Items]) {
-  constexpr int kPerVector = 16 / sizeof(T);
-  if constexpr (Vectorized && Items % kPerVector == 0) {
-    if (begin + Items <= length) {
-      #pragma unroll
-      for (int v = 0; v < Items / kPerVector; ++v) {
-        uint4 bits;
-        T* values = reinterpret_cast<T*>(&bits);
+  // row[tile_begin + rank * Items + i] = items[i] where inside length.
+  template <typename Acc>
+  __device__ __forceinline__ void store(T* row, int64_t tile_begin, int64_t length, const Acc (&items)[Items]) const {
+    if constexpr (Mode == Access::Vectorized) {
+      constexpr int kPerVector = 16 / sizeof(T);
+      const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
+      if (begin + Items <= length) {
         #pragma unroll
-        for (int i = 0; i < kPerVector; ++i) values[i] = static_cast<T>(items[v * kPerVector + i]);
-        *reinterpret_cast<uint4*>(row + begin + v * kPerVector) = bits;
+        for (int v = 0; v < Items / kPerVector; ++v) {
+          uint4 bits;
+          T* values = reinterpret_cast<T*>(&bits);
+          #pragma unroll
+          for (int i = 0; i < kPerVector; ++i) values[i] = static_cast<T>(items[v * kPerVector + i]);
+          *reinterpret_cast<uint4*>(row + begin + v * kPerVector) = bits;
+        }
+      } else {
+        #pragma unroll
+        for (int i = 0; i < Items; ++i)
+          if (begin + i < length) row[begin + i] = static_cast<T>(items[i]);
       }
-      return;
+    } else {
+      #pragma unroll
+      for (int i = 0; i < Items; ++i)
+        storage.staged[padded(segment_base + rank * Items + i)] = static_cast<T>(items[i]);
+      sync();
+      #pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        const int index = rank + k * ThreadsPerSequence;
+        if (tile_begin + index < length) row[tile_begin + index] = storage.staged[padded(segment_base + index)];
+      }
+      sync();
     }
   }
-  #pragma unroll
-  for (int i = 0; i < Items; ++i)
-    if (begin + i < length) row[begin + i] = static_cast<T>(items[i]);
-}
+};
 
 // One element, or `fill` outside [0, length): the neighbour a shifted (backward) access needs.
 template <typename T, typename Acc>
@@ -54,4 +118,4 @@ __device__ __forceinline__ Acc load_one(const T* row, int64_t index, int64_t len
   return index >= 0 && index < length ? static_cast<Acc>(row[index]) : fill;
 }
 
-}  // namespace linrec::memio
+}  // namespace linrec

@@ -22,30 +22,30 @@ struct PipeConfig {
   int threads_per_sequence;
   int vectors_per_thread;
   bool reverse;
-  bool vectorized;  // 16-byte loads and stores: rows and pointers are 16-byte aligned
+  Access access;  // Vectorized needs 16-byte aligned rows and pointers; Staged takes any alignment
   constexpr bool operator==(const PipeConfig&) const = default;
 };
 
 inline std::string describe(const PipeConfig& config) {
   return "{threads_per_sequence=" + std::to_string(config.threads_per_sequence) +
          ", vectors_per_thread=" + std::to_string(config.vectors_per_thread) +
-         ", reverse=" + std::to_string(config.reverse) + ", vectorized=" + std::to_string(config.vectorized) + "}";
+         ", reverse=" + std::to_string(config.reverse) + ", access=" + access_name(config.access) + "}";
 }
 
 namespace cuda {
 namespace {
 
 // (threads per sequence, 16-byte vectors per thread), smallest tile first. Up to 32 threads a sequence
-// is one warp or less, several sequences packed into a block; beyond, a block per sequence.
-constexpr std::array<std::array<int, 2>, 9> kTileShapes{
-    {{2, 1}, {4, 1}, {8, 1}, {16, 1}, {32, 1}, {32, 2}, {64, 2}, {128, 2}, {256, 2}}};
+// is one warp or less, several sequences packed into a block; 64 threads, a block per sequence. Larger
+// tiles measured no faster on an H100 (python -m linrec.tune, docs/benchmarks.md).
+constexpr std::array<std::array<int, 2>, 7> kTileShapes{{{2, 1}, {4, 1}, {8, 1}, {16, 1}, {32, 1}, {32, 2}, {64, 2}}};
 
 constexpr auto kPipeConfigs = [] {
   std::array<PipeConfig, kTileShapes.size() * 4> configs{};
   int n = 0;
   for (const auto& [threads, vectors] : kTileShapes)
     for (bool reverse : {false, true})
-      for (bool vectorized : {false, true}) configs[n++] = PipeConfig{threads, vectors, reverse, vectorized};
+      for (Access access : {Access::Vectorized, Access::Staged}) configs[n++] = PipeConfig{threads, vectors, reverse, access};
   return configs;
 }();
 
@@ -83,10 +83,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   using Acc = accumulator_t<T>;
   constexpr int kItems = items_per_vector<T>() * Config.vectors_per_thread;
   constexpr int kTile = Config.threads_per_sequence * kItems;
+  constexpr int kBlockThreads = block_threads(Config.threads_per_sequence);
   using Scan = TileScan<Config.threads_per_sequence, kItems, Config.reverse>;
+  using IO = TileIO<T, Config.threads_per_sequence, kBlockThreads, kItems, Config.access>;
   __shared__ typename Scan::template Storage<Acc> storage;
+  __shared__ typename IO::Storage io_storage;
 
   const SegmentPosition<Config.threads_per_sequence> position;
+  const IO io(io_storage, position.rank, threadIdx.x / Config.threads_per_sequence);
   // Threads past the last sequence still take part in the shuffles and barriers, on empty rows.
   const bool active = position.sequence < params.num_sequences;
   const int64_t length = active ? params.seq_len : 0;
@@ -100,15 +104,16 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   Acc carry = Acc(0);
   for (int64_t step = 0; step < num_tiles; ++step) {
     const int64_t tile = Config.reverse ? num_tiles - 1 - step : step;
-    const int64_t begin = tile * kTile + static_cast<int64_t>(position.rank) * kItems;
+    const int64_t tile_begin = tile * kTile;
+    const int64_t begin = tile_begin + static_cast<int64_t>(position.rank) * kItems;  // this thread's chunk
     Acc value[kItems], coeff[kItems];
-    memio::load_chunk<Config.vectorized>(inputs, begin, length, value, Acc(0));
-    memio::load_chunk<Config.vectorized>(coeffs, begin, length, coeff, Acc(1));
+    io.load(inputs, tile_begin, length, value, Acc(0));
+    io.load(coeffs, tile_begin, length, coeff, Acc(1));
     #pragma unroll
     for (int i = 0; i < kItems; ++i)
       if (begin + i == first) coeff[i] = Acc(0);  // outputs[first] = inputs[first], whatever its coefficient
     Scan::scan(value, coeff, carry, position.rank, storage);
-    memio::store_chunk<Config.vectorized>(outputs, begin, length, value);
+    io.store(outputs, tile_begin, length, value);
   }
 }
 
@@ -122,10 +127,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   constexpr int kItems = items_per_vector<T>() * Config.vectors_per_thread;
   constexpr int kTile = Config.threads_per_sequence * kItems;
   constexpr bool kForwardReverse = Config.reverse;
+  constexpr int kBlockThreads = block_threads(Config.threads_per_sequence);
   using Scan = TileScan<Config.threads_per_sequence, kItems, !kForwardReverse>;
+  using IO = TileIO<T, Config.threads_per_sequence, kBlockThreads, kItems, Config.access>;
   __shared__ typename Scan::template Storage<Acc> storage;
+  __shared__ typename IO::Storage io_storage;
 
   const SegmentPosition<Config.threads_per_sequence> position;
+  const IO io(io_storage, position.rank, threadIdx.x / Config.threads_per_sequence);
   const bool active = position.sequence < params.num_sequences;
   const int64_t length = active ? params.seq_len : 0;
   const int64_t offset = active ? position.sequence * params.seq_len : 0;
@@ -140,17 +149,18 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   Acc carry = Acc(0);
   for (int64_t step = 0; step < num_tiles; ++step) {
     const int64_t tile = kForwardReverse ? step : num_tiles - 1 - step;
-    const int64_t begin = tile * kTile + static_cast<int64_t>(position.rank) * kItems;
+    const int64_t tile_begin = tile * kTile;
+    const int64_t begin = tile_begin + static_cast<int64_t>(position.rank) * kItems;  // this thread's chunk
     Acc value[kItems], coeff[kItems], output[kItems], next_coeff[kItems], prev_output[kItems];
-    memio::load_chunk<Config.vectorized>(d_outputs, begin, length, value, Acc(0));
-    memio::load_chunk<Config.vectorized>(coeffs, begin, length, coeff, Acc(0));
-    memio::load_chunk<Config.vectorized>(outputs, begin, length, output, Acc(0));
+    io.load(d_outputs, tile_begin, length, value, Acc(0));
+    io.load(coeffs, tile_begin, length, coeff, Acc(0));
+    io.load(outputs, tile_begin, length, output, Acc(0));
     // Shift by one element in the forward direction; the element beyond the chunk comes from the
     // neighbouring chunk (an L1 hit: the neighbour thread loads it too).
     const int64_t after = kForwardReverse ? begin - 1 : begin + kItems;
     const int64_t before = kForwardReverse ? begin + kItems : begin - 1;
-    const Acc coeff_after = memio::load_one(coeffs, after, length, Acc(0));
-    const Acc output_before = memio::load_one(outputs, before, length, Acc(0));
+    const Acc coeff_after = load_one(coeffs, after, length, Acc(0));
+    const Acc output_before = load_one(outputs, before, length, Acc(0));
     #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if constexpr (kForwardReverse) {
@@ -164,8 +174,8 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     Scan::scan(value, next_coeff, carry, position.rank, storage);
     #pragma unroll
     for (int i = 0; i < kItems; ++i) output[i] = begin + i == first ? Acc(0) : value[i] * prev_output[i];
-    memio::store_chunk<Config.vectorized>(d_inputs, begin, length, value);
-    memio::store_chunk<Config.vectorized>(d_coeffs, begin, length, output);
+    io.store(d_inputs, tile_begin, length, value);
+    io.store(d_coeffs, tile_begin, length, output);
   }
 }
 
@@ -175,7 +185,7 @@ bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointe
 // largest tile, looping over tiles.
 template <typename T>
 PipeConfig choose_config(const SequenceLayout& layout, std::initializer_list<const void*> pointers) {
-  PipeConfig config{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, true};
+  PipeConfig config{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, Access::Vectorized};
   if (layout.threads_per_sequence > 0) {
     config.threads_per_sequence = layout.threads_per_sequence;
     config.vectors_per_thread = layout.vectors_per_thread;
@@ -188,8 +198,9 @@ PipeConfig choose_config(const SequenceLayout& layout, std::initializer_list<con
       }
     }
   }
-  config.vectorized = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;
-  for (const void* pointer : pointers) config.vectorized = config.vectorized && is_aligned(pointer);
+  bool aligned = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;
+  for (const void* pointer : pointers) aligned = aligned && is_aligned(pointer);
+  config.access = aligned ? Access::Vectorized : Access::Staged;
   return config;
 }
 
