@@ -42,10 +42,13 @@ struct TileIO {
     else __syncthreads();
   }
 
-  // items[i] = row[tile_begin + rank * Items + i], or fill past length.
+  // Loads are split in two so that a kernel can issue the next tile's loads before it works on the
+  // current one: fetch() moves global memory into registers in the strategy's order (the thread's
+  // chunk for Vectorized; every ThreadsPerSequence-th element of the tile from rank on for Staged),
+  // arrange() then makes it the chunk: items[i] = row[tile_begin + rank * Items + i], fill past length.
   template <typename Acc>
-  __device__ __forceinline__ void load(const T* row, int64_t tile_begin, int64_t length, Acc (&items)[Items],
-                                       Acc fill) const {
+  __device__ __forceinline__ void fetch(const T* row, int64_t tile_begin, int64_t length, Acc (&items)[Items],
+                                        Acc fill) const {
     if constexpr (Mode == Access::Vectorized) {
       constexpr int kPerVector = 16 / sizeof(T);
       static_assert(Items % kPerVector == 0, "vectorized chunks are whole 16-byte vectors");
@@ -65,15 +68,22 @@ struct TileIO {
     } else {
       #pragma unroll
       for (int k = 0; k < Items; ++k) {
-        const int index = rank + k * ThreadsPerSequence;
-        storage.staged[padded(segment_base + index)] =
-            tile_begin + index < length ? row[tile_begin + index] : static_cast<T>(fill);
+        const int64_t index = tile_begin + rank + k * ThreadsPerSequence;
+        items[k] = index < length ? static_cast<Acc>(row[index]) : fill;
       }
+    }
+  }
+
+  template <typename Acc>
+  __device__ __forceinline__ void arrange(Acc (&items)[Items]) const {
+    if constexpr (Mode == Access::Staged) {
+      // The values went T -> Acc on fetch; Acc -> T here is exact.
+      #pragma unroll
+      for (int k = 0; k < Items; ++k) storage.staged[padded(segment_base + rank + k * ThreadsPerSequence)] = static_cast<T>(items[k]);
       sync();
       #pragma unroll
-      for (int i = 0; i < Items; ++i)
-        items[i] = static_cast<Acc>(storage.staged[padded(segment_base + rank * Items + i)]);
-      sync();  // the next load or store reuses the buffer
+      for (int i = 0; i < Items; ++i) items[i] = static_cast<Acc>(storage.staged[padded(segment_base + rank * Items + i)]);
+      sync();  // the next arrange or store reuses the buffer
     }
   }
 
