@@ -22,9 +22,10 @@ from pathlib import Path
 
 CONFIG = re.compile(
     r"pipe_(?P<direction>forward|backward)_kernel<(?P<dtype>[\w:]+), .*PipeConfig\{(?P<threads>\d+), (?P<vectors>\d+), "
-    r"(?P<reverse>true|false), (?P<vectorized>true|false)\}"
+    r"(?P<reverse>true|false), \(linrec::Access\)(?P<access>\d)\}"
 )
 DTYPES = {"float": "float32", "double": "float64", "__half": "float16", "__nv_bfloat16": "bfloat16"}
+ACCESS = {"0": "vectorized", "1": "staged"}  # linrec::Access, csrc/include/linrec/memio.h
 
 
 def find_cuobjdump() -> str:
@@ -64,12 +65,12 @@ def main() -> None:
             name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
             rows.append((arch, name, usage))
             mangled = None
-    print(f"{'arch':<7} {'kernel':<8} {'dtype':<8} {'threads':>7} {'vectors':>7} {'reverse':>7} {'vector io':>9} "
+    print(f"{'arch':<7} {'kernel':<8} {'dtype':<8} {'threads':>7} {'vectors':>7} {'reverse':>7} {'access':>10} "
           f"{'REG':>4} {'STACK':>5} {'LOCAL':>5} {'SHARED':>6}")
     def order(row):
         match = CONFIG.search(row[1])
         return (row[0], row[1]) if not match else (row[0], match["direction"], match["dtype"], int(match["threads"]),
-                                                    int(match["vectors"]), match["reverse"], match["vectorized"])
+                                                    int(match["vectors"]), match["reverse"], match["access"])
 
     spilling = 0
     for arch, name, usage in sorted(rows, key=order):
@@ -80,7 +81,7 @@ def main() -> None:
         spilling += usage["STACK"] != "0" or usage["LOCAL"] != "0"
         print(
             f"{arch:<7} {match['direction']:<8} {DTYPES.get(match['dtype'], match['dtype']):<8} {match['threads']:>7} "
-            f"{match['vectors']:>7} {match['reverse']:>7} {match['vectorized']:>9} {usage['REG']:>4} {usage['STACK']:>5} "
+            f"{match['vectors']:>7} {match['reverse']:>7} {ACCESS[match['access']]:>10} {usage['REG']:>4} {usage['STACK']:>5} "
             f"{usage['LOCAL']:>5} {usage['SHARED']:>6}"
         )
     print(f"{len(rows)} kernels in {library}; {spilling} use a stack frame or local memory (spills)")

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <atomic>
+#include <type_traits>
 
 #include "linrec/block_scan.h"
 #include "linrec/cuda_launch.h"
@@ -72,53 +73,85 @@ __host__ __device__ constexpr int items_per_vector() { return 16 / sizeof(T); }
 template <typename T>
 constexpr bool kPrefetch = sizeof(T) >= sizeof(float);
 
-// The sequence a thread works on, and its rank within the sequence's segment.
-template <int ThreadsPerSequence>
-struct SegmentPosition {
-  int64_t sequence;
-  int rank;
-  __device__ SegmentPosition()
-      : sequence(static_cast<int64_t>(blockIdx.x) * (block_threads(ThreadsPerSequence) / ThreadsPerSequence) +
-                 threadIdx.x / ThreadsPerSequence),
-        rank(threadIdx.x % ThreadsPerSequence) {}
+// What both pipe kernels share: the thread's sequence and rank in the sequence's segment, the order
+// of the tiles, and the scan and memory primitives with their shared memory. ScanReverse is the
+// direction of the scan this kernel runs (the backward runs against the forward op's direction).
+template <typename T, PipeConfig Config, bool ScanReverse>
+struct PipeThread {
+  using Acc = accumulator_t<T>;
+  static constexpr int kItems = items_per_vector<T>() * Config.vectors_per_thread;
+  static constexpr int kTile = Config.threads_per_sequence * kItems;
+  using Scan = TileScan<Config.threads_per_sequence, kItems, ScanReverse>;
+  using IO = TileIO<T, Config.threads_per_sequence, block_threads(Config.threads_per_sequence), kItems, Config.access>;
+  struct Storage {
+    typename Scan::template Storage<Acc> scan;
+    typename IO::Storage io;
+  };
+
+  typename Scan::template Storage<Acc>& scan_storage;
+  const int rank;           // within the sequence's segment
+  const int64_t length;     // of this thread's row; 0 for threads past the last sequence, which still
+                            // take part in the shuffles and barriers
+  const int64_t offset;     // of this thread's row
+  const int64_t num_tiles;  // per row
+  const IO io;
+
+  __device__ __forceinline__ PipeThread(Storage& storage_, const SequenceLayout& layout)
+      : scan_storage(storage_.scan),
+        rank(threadIdx.x % Config.threads_per_sequence),
+        length(sequence() < layout.num_sequences ? layout.seq_len : 0),
+        offset(sequence() < layout.num_sequences ? sequence() * layout.seq_len : 0),
+        num_tiles((layout.seq_len + kTile - 1) / kTile),
+        io(storage_.io, rank, threadIdx.x / Config.threads_per_sequence) {}
+
+  __device__ __forceinline__ static int64_t sequence() {
+    constexpr int kSequencesPerBlock = block_threads(Config.threads_per_sequence) / Config.threads_per_sequence;
+    return static_cast<int64_t>(blockIdx.x) * kSequencesPerBlock + threadIdx.x / Config.threads_per_sequence;
+  }
+
+  template <typename Pointer>
+  __device__ __forceinline__ auto row(Pointer tensor) const {
+    using Element = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, const T, T>;
+    return static_cast<Element*>(tensor) + offset;
+  }
+
+  // The first element of the tile the scan reaches at `step`.
+  __device__ __forceinline__ int64_t tile_begin(int64_t step) const {
+    return (ScanReverse ? num_tiles - 1 - step : step) * kTile;
+  }
+
+  __device__ __forceinline__ void scan(Acc (&value)[kItems], Acc (&coeff)[kItems], Acc& carry) const {
+    Scan::scan(value, coeff, carry, rank, scan_storage);
+  }
 };
 
 template <typename T, typename PolicyT>
 __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequence))
     pipe_forward_kernel(ForwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
-  using Acc = accumulator_t<T>;
-  constexpr int kItems = items_per_vector<T>() * Config.vectors_per_thread;
-  constexpr int kTile = Config.threads_per_sequence * kItems;
-  constexpr int kBlockThreads = block_threads(Config.threads_per_sequence);
-  using Scan = TileScan<Config.threads_per_sequence, kItems, Config.reverse>;
-  using IO = TileIO<T, Config.threads_per_sequence, kBlockThreads, kItems, Config.access>;
-  __shared__ typename Scan::template Storage<Acc> storage;
-  __shared__ typename IO::Storage io_storage;
-
-  const SegmentPosition<Config.threads_per_sequence> position;
-  const IO io(io_storage, position.rank, threadIdx.x / Config.threads_per_sequence);
-  // Threads past the last sequence still take part in the shuffles and barriers, on empty rows.
-  const bool active = position.sequence < params.num_sequences;
-  const int64_t length = active ? params.seq_len : 0;
-  const int64_t offset = active ? position.sequence * params.seq_len : 0;
-  const T* inputs = static_cast<const T*>(params.inputs) + offset;
-  const T* coeffs = static_cast<const T*>(params.coeffs) + offset;
-  T* outputs = static_cast<T*>(params.outputs) + offset;
+  using Thread = PipeThread<T, Config, Config.reverse>;
+  using Acc = typename Thread::Acc;
+  constexpr int kItems = Thread::kItems;
+  __shared__ typename Thread::Storage storage;
+  const Thread thread(storage, params);
+  const typename Thread::IO& io = thread.io;
+  const int64_t length = thread.length;
+  const T* inputs = thread.row(params.inputs);
+  const T* coeffs = thread.row(params.coeffs);
+  T* outputs = thread.row(params.outputs);
   const int64_t first = Config.reverse ? params.seq_len - 1 : 0;  // has no predecessor
 
-  const int64_t num_tiles = (params.seq_len + kTile - 1) / kTile;
-  const auto tile_begin_at = [&](int64_t step) { return (Config.reverse ? num_tiles - 1 - step : step) * kTile; };
+  const int64_t num_tiles = thread.num_tiles;
   const auto fetch_tile = [&](int64_t step, Acc(&input_items)[kItems], Acc(&coeff_items)[kItems]) {
-    io.fetch(inputs, tile_begin_at(step), length, input_items, Acc(0));
-    io.fetch(coeffs, tile_begin_at(step), length, coeff_items, Acc(1));
+    io.fetch(inputs, thread.tile_begin(step), length, input_items, Acc(0));
+    io.fetch(coeffs, thread.tile_begin(step), length, coeff_items, Acc(1));
   };
   Acc value[kItems], coeff[kItems];
   if constexpr (kPrefetch<T>) fetch_tile(0, value, coeff);
   Acc carry = Acc(0);
   for (int64_t step = 0; step < num_tiles; ++step) {
-    const int64_t tile_begin = tile_begin_at(step);
-    const int64_t begin = tile_begin + static_cast<int64_t>(position.rank) * kItems;  // this thread's chunk
+    const int64_t tile_begin = thread.tile_begin(step);
+    const int64_t begin = tile_begin + static_cast<int64_t>(thread.rank) * kItems;  // this thread's chunk
     if constexpr (!kPrefetch<T>) fetch_tile(step, value, coeff);
     io.arrange(value);
     io.arrange(coeff);
@@ -128,7 +161,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     Acc next_value[kItems], next_coeff[kItems];
     if constexpr (kPrefetch<T>)
       if (step + 1 < num_tiles) fetch_tile(step + 1, next_value, next_coeff);
-    Scan::scan(value, coeff, carry, position.rank, storage);
+    thread.scan(value, coeff, carry);
     io.store(outputs, tile_begin, length, value);
     if constexpr (kPrefetch<T>) {
       #pragma unroll
@@ -143,37 +176,29 @@ template <typename T, typename PolicyT>
 __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequence))
     pipe_backward_kernel(BackwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
-  using Acc = accumulator_t<T>;
-  constexpr int kItems = items_per_vector<T>() * Config.vectors_per_thread;
-  constexpr int kTile = Config.threads_per_sequence * kItems;
   constexpr bool kForwardReverse = Config.reverse;
-  constexpr int kBlockThreads = block_threads(Config.threads_per_sequence);
-  using Scan = TileScan<Config.threads_per_sequence, kItems, !kForwardReverse>;
-  using IO = TileIO<T, Config.threads_per_sequence, kBlockThreads, kItems, Config.access>;
-  __shared__ typename Scan::template Storage<Acc> storage;
-  __shared__ typename IO::Storage io_storage;
-
-  const SegmentPosition<Config.threads_per_sequence> position;
-  const IO io(io_storage, position.rank, threadIdx.x / Config.threads_per_sequence);
-  const bool active = position.sequence < params.num_sequences;
-  const int64_t length = active ? params.seq_len : 0;
-  const int64_t offset = active ? position.sequence * params.seq_len : 0;
-  const T* d_outputs = static_cast<const T*>(params.d_outputs) + offset;
-  const T* coeffs = static_cast<const T*>(params.coeffs) + offset;
-  const T* outputs = static_cast<const T*>(params.outputs) + offset;
-  T* d_inputs = static_cast<T*>(params.d_inputs) + offset;
-  T* d_coeffs = static_cast<T*>(params.d_coeffs) + offset;
+  using Thread = PipeThread<T, Config, !kForwardReverse>;
+  using Acc = typename Thread::Acc;
+  constexpr int kItems = Thread::kItems;
+  __shared__ typename Thread::Storage storage;
+  const Thread thread(storage, params);
+  const typename Thread::IO& io = thread.io;
+  const int64_t length = thread.length;
+  const T* d_outputs = thread.row(params.d_outputs);
+  const T* coeffs = thread.row(params.coeffs);
+  const T* outputs = thread.row(params.outputs);
+  T* d_inputs = thread.row(params.d_inputs);
+  T* d_coeffs = thread.row(params.d_coeffs);
   const int64_t first = kForwardReverse ? params.seq_len - 1 : 0;  // the forward op's first element
 
-  const int64_t num_tiles = (params.seq_len + kTile - 1) / kTile;
-  const auto tile_begin_at = [&](int64_t step) { return (kForwardReverse ? step : num_tiles - 1 - step) * kTile; };
-  const int64_t rank_offset = static_cast<int64_t>(position.rank) * kItems;
+  const int64_t num_tiles = thread.num_tiles;
+  const int64_t rank_offset = static_cast<int64_t>(thread.rank) * kItems;
   // A tile needs its three chunks and, from the neighbouring chunks (L1 hits: the neighbour threads
   // load them too), the coefficient just after this thread's chunk and the output just before it,
   // in the forward direction.
   const auto fetch_tile = [&](int64_t step, Acc(&d_output_items)[kItems], Acc(&coeff_items)[kItems],
                               Acc(&output_items)[kItems], Acc& next_coeff_after, Acc& next_output_before) {
-    const int64_t tile_begin = tile_begin_at(step);
+    const int64_t tile_begin = thread.tile_begin(step);
     io.fetch(d_outputs, tile_begin, length, d_output_items, Acc(0));
     io.fetch(coeffs, tile_begin, length, coeff_items, Acc(0));
     io.fetch(outputs, tile_begin, length, output_items, Acc(0));
@@ -186,7 +211,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   if constexpr (kPrefetch<T>) fetch_tile(0, value, coeff, output, coeff_after, output_before);
   Acc carry = Acc(0);
   for (int64_t step = 0; step < num_tiles; ++step) {
-    const int64_t tile_begin = tile_begin_at(step);
+    const int64_t tile_begin = thread.tile_begin(step);
     const int64_t begin = tile_begin + rank_offset;  // this thread's chunk
     if constexpr (!kPrefetch<T>) fetch_tile(step, value, coeff, output, coeff_after, output_before);
     io.arrange(value);
@@ -207,7 +232,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     Acc next_value[kItems];
     if constexpr (kPrefetch<T>)
       if (step + 1 < num_tiles) fetch_tile(step + 1, next_value, coeff, output, coeff_after, output_before);
-    Scan::scan(value, shifted_coeff, carry, position.rank, storage);
+    thread.scan(value, shifted_coeff, carry);
     #pragma unroll
     for (int i = 0; i < kItems; ++i) prev_output[i] = begin + i == first ? Acc(0) : value[i] * prev_output[i];
     io.store(d_inputs, tile_begin, length, value);
