@@ -89,6 +89,7 @@ def test_meta_tensors_give_shapes_only():
     assert linrec.linrec(inputs, torch.empty_like(inputs), dim=0).shape == (3, 8)
 
 
+@pytest.mark.cuda
 def test_cuda_side_stream(seed):
     if not (torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS):
         pytest.skip("needs a CUDA GPU and linrec's CUDA kernels")
@@ -100,8 +101,6 @@ def test_cuda_side_stream(seed):
     torch.cuda.current_stream().wait_stream(stream)
     assert_matches(outputs, reference(inputs * 2, coeffs), torch.float32)
 
-
-test_cuda_side_stream = pytest.mark.cuda(test_cuda_side_stream)
 
 
 def test_poisoning_is_active():
