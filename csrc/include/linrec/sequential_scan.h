@@ -1,5 +1,5 @@
-// The recurrence over one sequence, one element after the other. Shared by the CPU kernel and
-// the one-thread-per-sequence CUDA kernel, and the ground truth the parallel kernels build on.
+// The recurrence run element after element: the CPU kernel, and the host reference of the
+// standalone CUDA kernel check. accumulator_t is shared with the CUDA kernels.
 #pragma once
 
 #include <cstdint>
