@@ -1,36 +1,80 @@
-"""Input generation and comparison against the float64 reference, shared by the test files."""
+"""Input generation and comparison against the float64 (complex128) reference, shared by the test files."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from linrec import linrec_loop
+from linrec import linrec_loop, linrec_reference
 
 #: Max error over max |reference|, for outputs computed from inputs already rounded to the dtype:
 #: what remains is float32 (float64) accumulation and the final rounding to the dtype.
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TOLERANCE = {
+    torch.float64: 1e-12,
+    torch.float32: 2e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+    torch.complex64: 2e-5,
+    torch.complex128: 1e-12,
+}
 DTYPES = list(TOLERANCE)
+REAL_DTYPES = [dtype for dtype in DTYPES if not dtype.is_complex]
+
+
+def wide(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A detached float64 (complex128) copy on the CPU, for the reference."""
+    if tensor is None:
+        return None
+    return tensor.detach().cpu().to(torch.complex128 if tensor.is_complex() else torch.float64)
+
+
+def random_values(shape, dtype, device="cpu", requires_grad=False):
+    """~ N(0, 1) (complex: both parts), never all zeros."""
+    if dtype.is_complex:
+        values = torch.randn(shape, dtype=torch.complex128)
+    else:
+        values = torch.randn(shape, dtype=torch.float64)
+    return values.to(dtype).to(device).requires_grad_(requires_grad)
+
+
+def random_coeffs(shape, dtype, device="cpu", requires_grad=False):
+    """|c| ~ U(0, 1) with a random sign (complex: a random phase): stable recurrences, both signs."""
+    magnitude = torch.rand(shape, dtype=torch.float64)
+    if dtype.is_complex:
+        coeffs = torch.polar(magnitude, torch.rand(shape, dtype=torch.float64) * 2 * math.pi)
+    else:
+        coeffs = magnitude * 2 - 1
+    return coeffs.to(dtype).to(device).requires_grad_(requires_grad)
 
 
 def random_operands(shape, dtype, device, requires_grad=False):
-    """inputs ~ N(0, 1) and coeffs ~ U(-1, 1): both signs, never all zeros, stable recurrences."""
-    inputs = torch.randn(shape, dtype=torch.float64).to(dtype)
-    coeffs = (torch.rand(shape, dtype=torch.float64) * 2 - 1).to(dtype)
-    return (inputs.to(device).requires_grad_(requires_grad), coeffs.to(device).requires_grad_(requires_grad))
+    """inputs ~ N(0, 1) and coeffs of magnitude < 1, of one shape."""
+    return random_values(shape, dtype, device, requires_grad), random_coeffs(shape, dtype, device, requires_grad)
 
 
-def reference(inputs, coeffs, dim=-1, reverse=False):
-    """The loop recurrence in float64 on the CPU, from the same (already rounded) values."""
-    inputs64 = inputs.detach().cpu().double().movedim(dim, -1)
-    coeffs64 = coeffs.detach().cpu().double().movedim(dim, -1)
-    return linrec_loop(inputs64, coeffs64, reverse).movedim(-1, dim)
+def reference(inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False):
+    """The loop recurrence in float64 (complex128) on the CPU, from the same (already rounded) values."""
+    return linrec_reference(
+        linrec_loop, wide(inputs), wide(coeffs), dim, reverse, wide(initial),
+        None if cu_seqlens is None else cu_seqlens.cpu(), log_coeffs,
+    )
+
+
+def reference_gradients(d_outputs, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False):
+    """Autograd through the float64 loop: gradients of inputs, coeffs and (when given) initial."""
+    leaves = [wide(t).requires_grad_() for t in (inputs, coeffs, initial) if t is not None]
+    offsets = None if cu_seqlens is None else cu_seqlens.cpu()
+    state = leaves[2] if initial is not None else None
+    outputs = linrec_reference(linrec_loop, leaves[0], leaves[1], dim, reverse, state, offsets, log_coeffs)
+    return torch.autograd.grad(outputs, leaves, wide(d_outputs), allow_unused=True, materialize_grads=True)
 
 
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = "outputs"):
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     if expected.numel() == 0:
         return
-    actual = actual.detach().cpu().double()
+    actual = actual.detach().cpu().to(expected.dtype)
     assert torch.isfinite(actual).all(), f"{what}: {(~torch.isfinite(actual)).sum().item()} non-finite elements"
     scale = expected.abs().max().clamp_min(1e-30)
     error = ((actual - expected).abs().max() / scale).item()

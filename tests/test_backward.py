@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DTYPES, assert_matches, random_operands
+from helpers import DTYPES, assert_matches, random_operands, random_values, reference_gradients
 
 import linrec
 from linrec import linrec_loop
-
-
-def reference_gradients(inputs, coeffs, d_outputs, dim, reverse):
-    inputs64 = inputs.detach().cpu().double().requires_grad_()
-    coeffs64 = coeffs.detach().cpu().double().requires_grad_()
-    outputs = linrec_loop(inputs64.movedim(dim, -1), coeffs64.movedim(dim, -1), reverse).movedim(-1, dim)
-    return torch.autograd.grad(
-        outputs, (inputs64, coeffs64), d_outputs.detach().cpu().double(), allow_unused=True, materialize_grads=True
-    )
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -25,10 +16,10 @@ def reference_gradients(inputs, coeffs, d_outputs, dim, reverse):
 @pytest.mark.parametrize("shape", [(1,), (2,), (31,), (3, 33), (2, 3, 257), (4, 1), (0, 5), (2, 0)], ids=str)
 def test_backward_matches_reference(device, seed, shape, dtype, reverse):
     inputs, coeffs = random_operands(shape, dtype, device, requires_grad=True)
-    d_outputs = torch.randn(shape, dtype=torch.float64).to(dtype).to(device)
+    d_outputs = random_values(shape, dtype, device)
     outputs = linrec.linrec(inputs, coeffs, reverse=reverse)
     d_inputs, d_coeffs = torch.autograd.grad(outputs, (inputs, coeffs), d_outputs)
-    expected_d_inputs, expected_d_coeffs = reference_gradients(inputs, coeffs, d_outputs, -1, reverse)
+    expected_d_inputs, expected_d_coeffs = reference_gradients(d_outputs, inputs, coeffs, -1, reverse)
     assert_matches(d_inputs, expected_d_inputs, dtype, "d_inputs")
     assert_matches(d_coeffs, expected_d_coeffs, dtype, "d_coeffs")
 
@@ -38,7 +29,7 @@ def test_backward_along_middle_dim_with_broadcast_gradient(device, seed, reverse
     inputs, coeffs = random_operands((3, 101, 4), torch.float32, device, requires_grad=True)
     # .sum() hands the backward an expanded (stride-0) gradient
     linrec.linrec(inputs, coeffs, dim=1, reverse=reverse).sum().backward()
-    expected = reference_gradients(inputs, coeffs, torch.ones(3, 101, 4), 1, reverse)
+    expected = reference_gradients(torch.ones(3, 101, 4), inputs, coeffs, 1, reverse)
     assert_matches(inputs.grad, expected[0], torch.float32, "d_inputs")
     assert_matches(coeffs.grad, expected[1], torch.float32, "d_coeffs")
 
@@ -48,12 +39,13 @@ def test_only_the_needed_gradient(device, seed, reverse):
     inputs, coeffs = random_operands((2, 40), torch.float32, device)
     coeffs.requires_grad_()
     (d_coeffs,) = torch.autograd.grad(linrec.linrec(inputs, coeffs, reverse=reverse).sum(), coeffs)
-    assert_matches(d_coeffs, reference_gradients(inputs, coeffs, torch.ones(2, 40), -1, reverse)[1], torch.float32)
+    assert_matches(d_coeffs, reference_gradients(torch.ones(2, 40), inputs, coeffs, -1, reverse)[1], torch.float32)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_gradcheck(device, seed, reverse):
-    inputs, coeffs = random_operands((3, 2, 13), torch.float64, device, requires_grad=True)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=str)
+def test_gradcheck(device, seed, dtype, reverse):
+    inputs, coeffs = random_operands((3, 2, 13), dtype, device, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, c: linrec.linrec(x, c, dim=1, reverse=reverse), (inputs, coeffs))
     assert torch.autograd.gradcheck(lambda x, c: linrec.linrec(x, c, reverse=reverse), (inputs, coeffs))
 
@@ -70,7 +62,8 @@ def test_first_coefficient_gets_zero_gradient(device):
 def test_backward_op_directly(device, seed):
     d_outputs, coeffs = random_operands((5, 77), torch.float32, device)
     outputs = linrec.linrec(*random_operands((5, 77), torch.float32, device))
-    d_inputs, d_coeffs = torch.ops.linrec.backward(d_outputs, coeffs, outputs, False)
+    d_inputs, d_coeffs, d_initial = torch.ops.linrec.backward(d_outputs, coeffs, outputs)
+    assert d_initial.shape == (0,)  # no initial state
     # The seed's formula: a reverse scan of d_outputs with coefficients shifted by one, then a product
     # with outputs shifted the other way.
     shifted_coeffs = torch.cat([coeffs[:, 1:], torch.zeros_like(coeffs[:, :1])], dim=1)

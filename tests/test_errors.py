@@ -15,10 +15,11 @@ C = torch.rand(3, 5)
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(inputs=X, coeffs=torch.rand(3, 4)), ValueError, r"coeffs must have the shape of inputs \[3, 5\], got \[3, 4\]"),
-        (dict(inputs=X, coeffs=torch.rand(5)), ValueError, r"coeffs must have the shape of inputs"),
+        (dict(inputs=X, coeffs=torch.rand(3, 4)), ValueError, r"coeffs must be broadcastable to the shape of inputs \[3, 5\], got \[3, 4\]"),
+        (dict(inputs=X, coeffs=torch.rand(3)), ValueError, r"coeffs must be broadcastable to the shape of inputs"),
+        (dict(inputs=X, coeffs=torch.rand(2, 3, 5)), ValueError, r"coeffs must be broadcastable"),
         (dict(inputs=X, coeffs=C.double()), TypeError, r"coeffs must have the dtype of inputs \(torch.float32\), got torch.float64"),
-        (dict(inputs=X.int(), coeffs=C.int()), TypeError, r"inputs must be float32, float64, float16 or bfloat16, got torch.int32"),
+        (dict(inputs=X.int(), coeffs=C.int()), TypeError, r"inputs must be float32, float64, float16, bfloat16, complex64 or complex128, got torch.int32"),
         (dict(inputs=X > 0, coeffs=C > 0), TypeError, r"inputs must be .*got torch.bool"),
         (dict(inputs=X, coeffs=C.to("meta")), ValueError, r"coeffs must be on the device of inputs \(cpu\), got meta"),
         (dict(inputs=X.tolist(), coeffs=C), TypeError, r"inputs must be a torch.Tensor, got list"),
@@ -28,6 +29,20 @@ C = torch.rand(3, 5)
         (dict(inputs=X, coeffs=C, dim=-3), IndexError, r"dim must be in \[-2, 1\]"),
         (dict(inputs=X, coeffs=C, dim=1.0), TypeError, r"dim must be an int, got float"),
         (dict(inputs=X, coeffs=C, reverse="yes"), TypeError, r"reverse must be a bool, got str"),
+        (dict(inputs=X, coeffs=C, initial=torch.rand(5)), ValueError, r"initial must have shape \[3\] \(the shape of inputs without the time dim\), got \[5\]"),
+        (dict(inputs=X, coeffs=C, dim=0, initial=torch.rand(3)), ValueError, r"initial must have shape \[5\]"),
+        (dict(inputs=X, coeffs=C, initial=torch.rand(3).double()), TypeError, r"initial must have the dtype of inputs"),
+        (dict(inputs=X, coeffs=C, initial=[0.0] * 3), TypeError, r"initial must be a torch.Tensor, got list"),
+        (dict(inputs=X, coeffs=C, log_coeffs=1), TypeError, r"log_coeffs must be a bool, got int"),
+        (dict(inputs=X.cfloat(), coeffs=C.cfloat(), log_coeffs=True), ValueError, r"log_coeffs=True takes real coefficients"),
+        (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0, 3, 2, 5])), ValueError, r"cu_seqlens must be non-decreasing, got 3 then 2 at index 2"),
+        (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0, 3, 4])), ValueError, r"cu_seqlens must end at the length of the time dim \(5\), got 4"),
+        (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([1, 3, 5])), ValueError, r"cu_seqlens must start at 0, got 1"),
+        (dict(inputs=X, coeffs=C, cu_seqlens=torch.tensor([0, 2, 5])), ValueError, r"with cu_seqlens, inputs packs its sequences along dim 1 and must have a batch dim \(dim 0\) of size 1 before it, got shape \[3, 5\]"),
+        (dict(inputs=X[0], coeffs=C[0], cu_seqlens=torch.tensor([0, 2, 5])), ValueError, r"must have a batch dim \(dim 0\) of size 1"),
+        (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0.0, 5.0])), TypeError, r"cu_seqlens must be int32 or int64, got torch.float32"),
+        (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([5])), ValueError, r"cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape \[1\]"),
+        (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0, 2, 5]), initial=torch.rand(1, 3)), ValueError, r"initial must have shape \[2, 3\] \(the shape of inputs without the time dim, dim 0 counting the cu_seqlens sequences\), got \[1, 3\]"),
         (dict(inputs=X, coeffs=C, backend="cuda"), ValueError, r"backend must be one of 'auto', 'loop', 'hop', 'heinsen', got 'cuda'"),
     ],
 )
@@ -37,24 +52,30 @@ def test_public_api_errors(kwargs, error, message):
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    "args, kwargs, message",
     [
-        ((X, torch.rand(3, 4), False), r"linrec.forward: coeffs must have the shape of inputs \[3, 5\], got \[3, 4\]"),
-        ((X, C.double(), False), r"linrec.forward: coeffs must have the dtype of inputs"),
-        ((X.long(), C.long(), False), r"linrec.forward: inputs must be float32, float64, float16 or bfloat16, got Long"),
-        ((torch.tensor(1.0), torch.tensor(1.0), False), r"linrec.forward: inputs must have at least one dim"),
+        ((X, torch.rand(3, 4)), {}, r"linrec.forward: coeffs must be broadcastable to the shape of inputs \[3, 5\], got \[3, 4\]"),
+        ((X, C.double()), {}, r"linrec.forward: coeffs must have the dtype of inputs"),
+        ((X.long(), C.long()), {}, r"linrec.forward: inputs must be float32, float64, float16, bfloat16, complex64 or complex128, got Long"),
+        ((torch.tensor(1.0), torch.tensor(1.0)), {}, r"linrec.forward: inputs must have at least one dim"),
+        ((X, C), dict(dim=2), r"linrec.forward: dim must be in \[-2, 1\] for a 2-dim inputs, got 2"),
+        ((X, C), dict(initial=torch.rand(5)), r"linrec.forward: initial must have shape \[3\]"),
+        ((X.cdouble(), C.cdouble()), dict(log_coeffs=True), r"linrec.forward: log_coeffs=True takes real coefficients"),
+        ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 2, 5])), r"linrec.forward: cu_seqlens must be non-decreasing"),
+        ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 6])), r"linrec.forward: cu_seqlens must end at the length of dim 2 of inputs \(5\), got 6"),
+        ((X, C), dict(cu_seqlens=torch.tensor([0, 5])), r"linrec.forward: with cu_seqlens, inputs .* batch dim \(dim 0\) of size 1"),
     ],
 )
-def test_forward_op_checks_its_arguments(args, message):
+def test_forward_op_checks_its_arguments(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        torch.ops.linrec.forward(*args)
+        torch.ops.linrec.forward(*args, **kwargs)
 
 
 def test_backward_op_checks_its_arguments():
-    with pytest.raises(ValueError, match=r"linrec.backward: outputs must have the shape of d_outputs \[3, 5\], got \[5, 3\]"):
-        torch.ops.linrec.backward(X, C, X.t().contiguous(), False)
+    with pytest.raises(ValueError, match=r"linrec.backward: outputs must have shape \[3, 5\] \(the shape of d_outputs\), got \[5, 3\]"):
+        torch.ops.linrec.backward(X, C, X.t().contiguous())
     with pytest.raises(ValueError, match=r"linrec.backward: coeffs must have the dtype of d_outputs"):
-        torch.ops.linrec.backward(X, C.half(), X, False)
+        torch.ops.linrec.backward(X, C.half(), X)
 
 
 @pytest.mark.cuda
@@ -64,4 +85,6 @@ def test_mixed_cpu_and_cuda_operands():
     with pytest.raises(ValueError, match=r"coeffs must be on the device of inputs \(cpu\), got cuda:0"):
         linrec.linrec(X, C.cuda())
     with pytest.raises(ValueError, match=r"linrec.forward: coeffs must be on the device of inputs \(cuda:0\), got cpu"):
-        torch.ops.linrec.forward(X.cuda(), C, False)
+        torch.ops.linrec.forward(X.cuda(), C)
+    with pytest.raises(ValueError, match=r"linrec.forward: cu_seqlens must be on the device of inputs \(cuda:0\), got cpu"):
+        torch.ops.linrec.forward(X[None].cuda(), C[None].cuda(), cu_seqlens=torch.tensor([0, 5]))

@@ -4,6 +4,7 @@
 >>> x, c = torch.randn(4, 1024), torch.rand(4, 1024)
 >>> y = linrec.linrec(x, c)                      # scans the last dim
 >>> y_rev = linrec.linrec(x, c, reverse=True)    # from the last element to the first
+>>> y_btc = linrec.linrec(x.T, c.T, dim=0)        # any dim is time, strided views are read in place
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from . import _ops
-from ._checks import check_bool, check_operands, normalize_dim
+from ._checks import check_arguments, check_bool, check_cu_seqlens_values
 from ._ops import HAS_CUDA_KERNELS
 from ._version import __version__
-from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop
+from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
 
 #: Every value ``backend`` accepts: the compiled kernels ("auto") and the pure-PyTorch references.
 BACKENDS = ("auto", *REFERENCES)
@@ -28,12 +29,13 @@ __all__ = [
     "linrec_heinsen",
     "linrec_hop",
     "linrec_loop",
+    "linrec_reference",
 ]
 
 _KERNEL_DEVICES = ("cpu", "cuda", "meta")
 
 
-def _kernel(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool) -> torch.Tensor:
+def _check_kernel_device(inputs: torch.Tensor) -> None:
     if inputs.device.type not in _KERNEL_DEVICES:
         raise ValueError(
             f"linrec: the compiled kernels run on cpu and cuda tensors, got {inputs.device}; "
@@ -44,7 +46,6 @@ def _kernel(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool) -> torch.
             "linrec: this build has no CUDA kernels (it was built without nvcc, with LINREC_NO_CUDA, or torch "
             "has no CUDA); reinstall linrec with CUDA, or pass backend='hop'"
         )
-    return torch.ops.linrec.forward(inputs, coeffs, reverse)
 
 
 def linrec(
@@ -52,20 +53,37 @@ def linrec(
     coeffs: torch.Tensor,
     dim: int = -1,
     reverse: bool = False,
+    initial: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    log_coeffs: bool = False,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Computes the linear recurrence ``outputs[l] = coeffs[l] * outputs[l-1] + inputs[l]`` along ``dim``.
 
-    The recurrence starts at ``outputs[0] = inputs[0]``, so ``coeffs[0]`` takes no part (its gradient
-    is zero). Differentiable in ``inputs`` and ``coeffs``, and traceable by ``torch.compile``
-    (``fullgraph=True``, dynamic shapes too).
+    The recurrence starts at ``outputs[0] = coeffs[0] * initial + inputs[0]``; without ``initial`` at
+    ``outputs[0] = inputs[0]``, and ``coeffs[0]`` then takes no part (its gradient is zero).
+    Differentiable in ``inputs``, ``coeffs`` and ``initial`` (complex ones in PyTorch's convention), and
+    traceable by ``torch.compile`` (``fullgraph=True``, dynamic shapes too). The kernels read every
+    operand through its strides: no operand is copied or expanded.
 
     Args:
-        inputs: the additive terms x, any shape, float32, float64, float16 or bfloat16
-            (16-bit types accumulate in float32).
-        coeffs: the multiplicative coefficients c, same shape, device and dtype as ``inputs``.
+        inputs: the additive terms x, any shape, float32, float64, float16, bfloat16 (16-bit types
+            accumulate in float32), complex64 or complex128.
+        coeffs: the multiplicative coefficients c, on the device and of the dtype of ``inputs``, of a
+            shape that broadcasts to it: a 0-dim scalar, one per channel (time-invariant filters),
+            one per (batch, time) shared by channels, ... The gradient comes back in this shape.
         dim: the time dim along which the recurrence runs.
         reverse: run from the last element to the first (``outputs[l] = coeffs[l] * outputs[l+1] + inputs[l]``).
+        initial: the state before the first step, of ``inputs``' shape without ``dim``. The final state
+            is ``outputs.select(dim, -1)`` (``select(dim, 0)`` with ``reverse``): passing it as the next
+            chunk's ``initial`` continues the recurrence exactly, for chunked training or streaming.
+        cu_seqlens: packed variable-length sequences along ``dim``, as flash-attention's varlen API takes
+            them: int32 or int64 offsets ``[0, end_0, end_1, ..., length]`` (non-decreasing), with
+            ``inputs``' dim 0 (the batch dim, before ``dim``) of size 1. The recurrence restarts at each
+            boundary and no gradient crosses it; ``initial``'s dim 0 then counts the sequences. The
+            offsets are checked on the host (one small copy from the GPU) outside ``torch.compile``.
+        log_coeffs: ``coeffs`` hold ``log c`` (real types only), as log-space gates produce them; the
+            kernels exponentiate, and the gradient is with respect to the log coefficients.
         backend: ``"auto"`` for the compiled CPU/CUDA kernels, or a reference implementation by name:
             ``"loop"``, ``"hop"`` (torch's associative_scan) or ``"heinsen"`` (log space).
 
@@ -73,23 +91,21 @@ def linrec(
         outputs, with the shape, dtype and device of ``inputs``.
 
     Example:
-        >>> x, c = torch.randn(2, 8, 100), torch.rand(2, 8, 100)
-        >>> y = linrec(x, c, dim=-1)
-        >>> torch.allclose(y[..., 1], c[..., 1] * x[..., 0] + x[..., 1])
+        >>> x, c = torch.randn(2, 100, 8), torch.rand(8)          # (batch, time, channels), per-channel decay
+        >>> y = linrec(x, c, dim=1)
+        >>> torch.allclose(y[:, 1], c * x[:, 0] + x[:, 1])
+        True
+        >>> h = torch.randn(2, 8)                                 # continue from a state
+        >>> torch.allclose(linrec(x, c, dim=1, initial=h)[:, 0], c * h + x[:, 0])
         True
     """
-    check_operands("linrec", inputs=inputs, coeffs=coeffs)
-    dim = normalize_dim("linrec", dim, inputs.dim())
+    dim = check_arguments("linrec", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
     check_bool("linrec", "reverse", reverse)
+    if cu_seqlens is not None and not torch.compiler.is_compiling():
+        check_cu_seqlens_values("linrec", cu_seqlens, inputs.shape[dim])
     if backend == "auto":
-        recurrence = _kernel
-    elif backend in REFERENCES:
-        recurrence = REFERENCES[backend]
-    else:
-        raise ValueError(f"linrec: backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-
-    last = inputs.dim() - 1
-    if dim == last:
-        return recurrence(inputs, coeffs, reverse)
-    outputs = recurrence(inputs.movedim(dim, last), coeffs.movedim(dim, last), reverse)
-    return outputs.movedim(last, dim)
+        _check_kernel_device(inputs)
+        return torch.ops.linrec.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+    if backend in REFERENCES:
+        return linrec_reference(REFERENCES[backend], inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+    raise ValueError(f"linrec: backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")

@@ -1,33 +1,26 @@
-"""Argument checks shared by the public API and the fake (tracing) kernels of the ops."""
+"""Argument checks shared by the public API and the fake (tracing) kernels of the ops. The C++ ops
+check the same conditions for direct calls; these run first so that errors name the Python API's
+arguments and reach torch.compile users before tracing."""
 
 from __future__ import annotations
 
 import torch
 
-SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_DTYPE_NAMES = "float32, float64, float16 or bfloat16"
+REAL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = (*REAL_DTYPES, torch.complex64, torch.complex128)
+_DTYPE_NAMES = "float32, float64, float16, bfloat16, complex64 or complex128"
 
 
-def check_operands(op: str, **operands: torch.Tensor) -> None:
-    """Checks that every operand is a tensor of a supported dtype with the first one's shape, device
-    and dtype; raises TypeError or ValueError naming the argument, what was expected and what was given."""
-    for name, tensor in operands.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    (first_name, first), *others = operands.items()
-    if first.dim() < 1:
-        raise ValueError(f"{op}: {first_name} must have at least one dim (the time dim), got a 0-dim tensor")
-    if first.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{op}: {first_name} must be {_DTYPE_NAMES}, got {first.dtype}")
-    for name, tensor in others:
-        if tensor.shape != first.shape:
-            raise ValueError(
-                f"{op}: {name} must have the shape of {first_name} {list(first.shape)}, got {list(tensor.shape)}"
-            )
-        if tensor.device != first.device:
-            raise ValueError(f"{op}: {name} must be on the device of {first_name} ({first.device}), got {tensor.device}")
-        if tensor.dtype != first.dtype:
-            raise TypeError(f"{op}: {name} must have the dtype of {first_name} ({first.dtype}), got {tensor.dtype}")
+def _check_tensor(op: str, name: str, tensor: object) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+
+
+def _check_like(op: str, name: str, tensor: torch.Tensor, like_name: str, like: torch.Tensor) -> None:
+    if tensor.device != like.device:
+        raise ValueError(f"{op}: {name} must be on the device of {like_name} ({like.device}), got {tensor.device}")
+    if tensor.dtype != like.dtype:
+        raise TypeError(f"{op}: {name} must have the dtype of {like_name} ({like.dtype}), got {tensor.dtype}")
 
 
 def normalize_dim(op: str, dim: int, ndim: int) -> int:
@@ -42,3 +35,81 @@ def normalize_dim(op: str, dim: int, ndim: int) -> int:
 def check_bool(op: str, name: str, value: bool) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+
+
+def initial_shape(inputs: torch.Tensor, dim: int, cu_seqlens: torch.Tensor | None) -> list[int]:
+    """The shape ``initial`` must have: inputs' without the time dim; with cu_seqlens, dim 0 (the batch dim of
+    size 1) counts the packed sequences."""
+    shape = [size for d, size in enumerate(inputs.shape) if d != dim]
+    if cu_seqlens is not None:
+        shape[0] = cu_seqlens.shape[0] - 1
+    return shape
+
+
+def check_arguments(
+    op: str,
+    inputs: torch.Tensor,
+    coeffs: torch.Tensor,
+    dim: int,
+    initial: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    log_coeffs: bool,
+    inputs_name: str = "inputs",
+) -> int:
+    """Checks the arguments of a recurrence together; returns dim normalized to [0, inputs.dim()).
+    Raises TypeError or ValueError (IndexError for dim) naming the argument, what was expected and what was given."""
+    _check_tensor(op, inputs_name, inputs)
+    _check_tensor(op, "coeffs", coeffs)
+    if inputs.dim() < 1:
+        raise ValueError(f"{op}: {inputs_name} must have at least one dim (the time dim), got a 0-dim tensor")
+    if inputs.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{op}: {inputs_name} must be {_DTYPE_NAMES}, got {inputs.dtype}")
+    dim = normalize_dim(op, dim, inputs.dim())
+    check_bool(op, "log_coeffs", log_coeffs)
+    _check_like(op, "coeffs", coeffs, inputs_name, inputs)
+    if coeffs.dim() > inputs.dim() or any(
+        c != 1 and c != x for c, x in zip(reversed(coeffs.shape), reversed(inputs.shape))
+    ):
+        raise ValueError(
+            f"{op}: coeffs must be broadcastable to the shape of {inputs_name} {list(inputs.shape)}, "
+            f"got {list(coeffs.shape)}"
+        )
+    if log_coeffs and inputs.is_complex():
+        raise ValueError(
+            f"{op}: log_coeffs=True takes real coefficients (the log of a complex coefficient is ambiguous), "
+            f"got {coeffs.dtype}"
+        )
+    if cu_seqlens is not None:
+        _check_tensor(op, "cu_seqlens", cu_seqlens)
+        if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+            raise ValueError(f"{op}: cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape {list(cu_seqlens.shape)}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{op}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.device != inputs.device:
+            raise ValueError(f"{op}: cu_seqlens must be on the device of {inputs_name} ({inputs.device}), got {cu_seqlens.device}")
+        if dim == 0 or inputs.shape[0] != 1:
+            raise ValueError(
+                f"{op}: with cu_seqlens, {inputs_name} packs its sequences along dim {dim} and must have a batch dim "
+                f"(dim 0) of size 1 before it, got shape {list(inputs.shape)}"
+            )
+    if initial is not None:
+        _check_tensor(op, "initial", initial)
+        _check_like(op, "initial", initial, inputs_name, inputs)
+        expected = initial_shape(inputs, dim, cu_seqlens)
+        if list(initial.shape) != expected:
+            what = "without the time dim" + (", dim 0 counting the cu_seqlens sequences" if cu_seqlens is not None else "")
+            raise ValueError(f"{op}: initial must have shape {expected} (the shape of {inputs_name} {what}), got {list(initial.shape)}")
+    return dim
+
+
+def check_cu_seqlens_values(op: str, cu_seqlens: torch.Tensor, length: int) -> None:
+    """Checks the offsets themselves: 0 first, non-decreasing, the time length last. Reads them on the host
+    (one small copy from the GPU), so the API does it in eager mode only."""
+    values = cu_seqlens.tolist()
+    if values[0] != 0:
+        raise ValueError(f"{op}: cu_seqlens must start at 0, got {values[0]}")
+    for index, (previous, value) in enumerate(zip(values, values[1:]), start=1):
+        if value < previous:
+            raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got {previous} then {value} at index {index}")
+    if values[-1] != length:
+        raise ValueError(f"{op}: cu_seqlens must end at the length of the time dim ({length}), got {values[-1]}")

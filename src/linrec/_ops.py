@@ -1,11 +1,12 @@
 """Loads the native libraries and registers what PyTorch needs around the C++ ops: fake kernels
 (shapes for torch.compile and meta tensors) and the autograd formula.
 
-torch.ops.linrec.forward(inputs, coeffs, reverse, threads_per_sequence=0, vectors_per_thread=0) -> outputs
-torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse, threads_per_sequence=0, vectors_per_thread=0)
-    -> (d_inputs, d_coeffs)
-Both scan the last dim; schemas are declared in csrc/kernels/schemas.cpp. The two config ints force
-a CUDA kernel configuration (tuning, experiments); 0 and 0 choose one per shape.
+torch.ops.linrec.forward(inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
+                         threads_per_sequence=0, vectors_per_thread=0) -> outputs
+torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, ...)
+    -> (d_inputs, d_coeffs, d_initial)
+Schemas and semantics are declared in csrc/kernels/schemas.cpp. The two config ints force a CUDA
+kernel configuration (tuning, experiments); 0 and 0 choose one per shape.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ._checks import check_operands
+from ._checks import check_arguments
 
 MIN_TORCH = (2, 10)
 _LIBRARY_DIR = Path(__file__).parent
@@ -51,12 +52,16 @@ if HAS_CUDA_KERNELS:
 def _forward_fake(
     inputs: torch.Tensor,
     coeffs: torch.Tensor,
+    dim: int = -1,
     reverse: bool = False,
+    initial: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    log_coeffs: bool = False,
     threads_per_sequence: int = 0,
     vectors_per_thread: int = 0,
 ) -> torch.Tensor:
-    check_operands("linrec.forward", inputs=inputs, coeffs=coeffs)
-    return inputs.new_empty(inputs.shape)
+    check_arguments("linrec.forward", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
+    return torch.empty_like(inputs)  # as the C++ op allocates: inputs' strides where inputs are dense
 
 
 @torch.library.register_fake("linrec::backward")
@@ -64,24 +69,34 @@ def _backward_fake(
     d_outputs: torch.Tensor,
     coeffs: torch.Tensor,
     outputs: torch.Tensor,
+    dim: int = -1,
     reverse: bool = False,
+    initial: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    log_coeffs: bool = False,
     threads_per_sequence: int = 0,
     vectors_per_thread: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    check_operands("linrec.backward", d_outputs=d_outputs, coeffs=coeffs, outputs=outputs)
-    return d_outputs.new_empty(d_outputs.shape), d_outputs.new_empty(d_outputs.shape)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_arguments("linrec.backward", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs, "d_outputs")
+    d_initial_shape = initial.shape if initial is not None else (0,)
+    return torch.empty_like(outputs), torch.empty_like(outputs), d_outputs.new_zeros(d_initial_shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    _, coeffs, reverse, *_ = inputs  # the forced kernel config, if any, is the forward's alone
-    ctx.save_for_backward(coeffs, output)
-    ctx.reverse = reverse
+    # The forced kernel config, if any, is the forward's alone.
+    _, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, *_ = inputs
+    ctx.save_for_backward(coeffs, output, initial, cu_seqlens)
+    ctx.dim, ctx.reverse, ctx.log_coeffs = dim, reverse, log_coeffs
 
 
 def _backward(ctx, d_outputs: torch.Tensor):
-    coeffs, outputs = ctx.saved_tensors
-    d_inputs, d_coeffs = torch.ops.linrec.backward(d_outputs, coeffs, outputs, ctx.reverse)
-    return d_inputs, d_coeffs, None, None, None
+    coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
+    d_inputs, d_coeffs, d_initial = torch.ops.linrec.backward(
+        d_outputs, coeffs, outputs, ctx.dim, ctx.reverse, initial, cu_seqlens, ctx.log_coeffs
+    )
+    if coeffs.shape != outputs.shape:  # broadcast coeffs: their gradient sums over the broadcast dims
+        d_coeffs = d_coeffs.sum_to_size(coeffs.shape)
+    return d_inputs, d_coeffs, None, None, (d_initial if initial is not None else None), None, None, None, None
 
 
 torch.library.register_autograd("linrec::forward", _backward, setup_context=_setup_context)

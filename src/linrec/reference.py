@@ -1,9 +1,10 @@
 """Pure-PyTorch linear recurrences: the ground truth for tests and the baselines for benchmarks.
 
-Each takes time-last tensors, ``(inputs, coeffs, reverse) -> outputs``, computes
-``outputs[0] = inputs[0]`` and ``outputs[l] = coeffs[l] * outputs[l-1] + inputs[l]`` (the first
-coefficient takes no part), and is differentiable through autograd. 16-bit inputs are computed in
-float32 and the result is cast back.
+Each recurrence takes time-last tensors of one shape, ``(inputs, coeffs, reverse) -> outputs``,
+computes ``outputs[0] = inputs[0]`` and ``outputs[l] = coeffs[l] * outputs[l-1] + inputs[l]`` (the
+first coefficient takes no part), and is differentiable through autograd. 16-bit inputs are computed
+in float32 and the result is cast back. ``linrec_reference`` builds the full API on any of them
+(time dim, broadcasting, initial state, packed sequences, log coefficients) in the plainest way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ Recurrence = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """16-bit types compute in float32; the others as they are."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
@@ -62,7 +64,7 @@ def linrec_heinsen(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = F
         return linrec_heinsen(inputs.flip(-1), coeffs.flip(-1)).flip(-1)
     if inputs.shape[-1] == 0:
         return inputs.clone()  # empty, but part of the autograd graph like any other result
-    complex_dtype = torch.complex128 if inputs.dtype == torch.float64 else torch.complex64
+    complex_dtype = torch.complex128 if inputs.dtype in (torch.float64, torch.complex128) else torch.complex64
     log_coeffs = torch.log(coeffs.to(complex_dtype))
     # The first coefficient takes no part: replace its log by log(1) = 0.
     log_coeffs = torch.cat([torch.zeros_like(log_coeffs[..., :1]), log_coeffs[..., 1:]], dim=-1)
@@ -70,7 +72,45 @@ def linrec_heinsen(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = F
     log_outputs = log_cumulative_coeffs + torch.logcumsumexp(
         torch.log(inputs.to(complex_dtype)) - log_cumulative_coeffs, dim=-1
     )
-    return torch.exp(log_outputs).real.to(inputs.dtype)
+    outputs = torch.exp(log_outputs)
+    return (outputs if inputs.is_complex() else outputs.real).to(inputs.dtype)
+
+
+def linrec_reference(
+    recurrence: Recurrence,
+    inputs: torch.Tensor,
+    coeffs: torch.Tensor,
+    dim: int = -1,
+    reverse: bool = False,
+    initial: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    log_coeffs: bool = False,
+) -> torch.Tensor:
+    """``linrec.linrec``'s semantics on a time-last recurrence: exponentiates log coefficients, expands
+    broadcast coefficients, folds the initial state into the first input (``coeffs[first] * initial +
+    inputs[first]``) and runs each packed sequence of ``cu_seqlens`` on its own. Arguments are assumed
+    checked (``linrec.linrec`` does that)."""
+    dtype = _compute_dtype(inputs.dtype)
+    coeffs = coeffs.to(dtype)
+    if log_coeffs:
+        coeffs = coeffs.exp()
+    inputs_last = inputs.to(dtype).movedim(dim, -1)
+    coeffs_last = coeffs.expand(inputs.shape).movedim(dim, -1)
+    length = inputs_last.shape[-1]
+    bounds = [0, length] if cu_seqlens is None else cu_seqlens.tolist()
+    pieces = []
+    for segment, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+        if begin == end:
+            continue
+        x, c = inputs_last[..., begin:end], coeffs_last[..., begin:end]
+        if initial is not None:
+            state = initial.to(dtype) if cu_seqlens is None else initial[segment : segment + 1].to(dtype)
+            first = end - begin - 1 if reverse else 0
+            folded = c[..., first : first + 1] * state.unsqueeze(-1) + x[..., first : first + 1]
+            x = torch.cat([folded, x[..., 1:]] if not reverse else [x[..., :-1], folded], dim=-1)
+        pieces.append(recurrence(x, c, reverse))
+    outputs = torch.cat(pieces, dim=-1) if pieces else recurrence(inputs_last, coeffs_last, reverse)
+    return outputs.movedim(-1, dim).to(inputs.dtype)
 
 
 #: The reference implementations by name, as ``linrec.linrec(..., backend=name)`` selects them.

@@ -6,13 +6,14 @@
 #include <string>
 #include <utility>
 
+#include "linrec/numeric.h"
 #include "linrec/params.h"
 
 namespace linrec {
 
 // Calls body.template operator()<T>() with the element type that stands for `dtype`. The 16-bit
 // types are passed in because host code (torch's header-only c10::Half) and device code
-// (__half, __nv_bfloat16) store them as different C++ types.
+// (__half, __nv_bfloat16) store them as different C++ types; complex types are linrec::Complex.
 template <typename Half, typename BFloat16, typename Body>
 decltype(auto) dispatch_dtype(DType dtype, Body&& body) {
   switch (dtype) {
@@ -20,6 +21,8 @@ decltype(auto) dispatch_dtype(DType dtype, Body&& body) {
     case DType::Float64: return body.template operator()<double>();
     case DType::Float16: return body.template operator()<Half>();
     case DType::BFloat16: return body.template operator()<BFloat16>();
+    case DType::Complex64: return body.template operator()<Complex<float>>();
+    case DType::Complex128: return body.template operator()<Complex<double>>();
   }
   throw std::invalid_argument("linrec: no kernel is compiled for dtype code " +
                               std::to_string(static_cast<int>(dtype)));

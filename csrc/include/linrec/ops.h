@@ -1,15 +1,18 @@
 // The op bodies shared by every device: argument checks, output allocation and the translation
-// from stable-ABI tensors to the plain params structs. Each device's file instantiates them with
-// its own launcher and registers the result in its STABLE_TORCH_LIBRARY_IMPL block.
+// from stable-ABI tensors (any strides, broadcast coefficients, optional initial state and packed
+// sequences) to the plain params structs. Each device's file instantiates them with its own launcher
+// and registers the result in its STABLE_TORCH_LIBRARY_IMPL block.
 #pragma once
 
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
-#include <initializer_list>
+#include <algorithm>
+#include <optional>
+#include <string>
 #include <tuple>
-#include <utility>
+#include <vector>
 
 #include "linrec/check.h"
 #include "linrec/params.h"
@@ -18,16 +21,17 @@
 namespace linrec __attribute__((visibility("hidden"))) {
 
 using torch::stable::Tensor;
-
-// A tensor together with the name the op schema gives it, for error messages.
-struct NamedTensor {
-  const char* name;
-  const Tensor& tensor;
-};
+using OptionalTensor = std::optional<Tensor>;
 
 inline std::string shape_string(const Tensor& tensor) {
   std::string text = "[";
   for (int64_t d = 0; d < tensor.dim(); ++d) text += (d ? ", " : "") + std::to_string(tensor.size(d));
+  return text + "]";
+}
+
+inline std::string shape_string(const std::vector<int64_t>& sizes) {
+  std::string text = "[";
+  for (size_t d = 0; d < sizes.size(); ++d) text += (d ? ", " : "") + std::to_string(sizes[d]);
   return text + "]";
 }
 
@@ -37,113 +41,268 @@ inline std::string device_string(const Tensor& tensor) {
   return type + ":" + std::to_string(tensor.get_device_index());
 }
 
-inline bool same_shape(const Tensor& a, const Tensor& b) {
-  if (a.dim() != b.dim()) return false;
-  for (int64_t d = 0; d < a.dim(); ++d)
-    if (a.size(d) != b.size(d)) return false;
-  return true;
+inline std::string dtype_string(const Tensor& tensor) { return torch::headeronly::toString(tensor.scalar_type()); }
+
+inline std::vector<int64_t> sizes_of(const Tensor& tensor) {
+  std::vector<int64_t> sizes(tensor.dim());
+  for (int64_t d = 0; d < tensor.dim(); ++d) sizes[d] = tensor.size(d);
+  return sizes;
 }
 
-inline DType to_dtype(torch::headeronly::ScalarType scalar_type, const char* op, const char* name) {
+inline DType to_dtype(const Tensor& tensor, const char* op, const char* name) {
   using torch::headeronly::ScalarType;
-  switch (scalar_type) {
+  switch (tensor.scalar_type()) {
     case ScalarType::Float: return DType::Float32;
     case ScalarType::Double: return DType::Float64;
     case ScalarType::Half: return DType::Float16;
     case ScalarType::BFloat16: return DType::BFloat16;
+    case ScalarType::ComplexFloat: return DType::Complex64;
+    case ScalarType::ComplexDouble: return DType::Complex128;
     default: break;
   }
-  throw std::invalid_argument(concat(op, ": ", name, " must be float32, float64, float16 or bfloat16, got ",
-                                     torch::headeronly::toString(scalar_type)));
+  throw std::invalid_argument(concat(op, ": ", name, " must be float32, float64, float16, bfloat16, complex64 or ",
+                                     "complex128, got ", dtype_string(tensor)));
 }
 
-// Every operand must match the first one in shape, device and dtype; time is the last dim.
-inline DType check_operands(const char* op, std::initializer_list<NamedTensor> operands) {
-  const NamedTensor& first = *operands.begin();
-  LINREC_CHECK(first.tensor.defined(), op, ": ", first.name, " must be a tensor, got None");
-  LINREC_CHECK(first.tensor.dim() >= 1, op, ": ", first.name,
-               " must have at least one dim (time is the last), got a 0-dim tensor");
-  const DType dtype = to_dtype(first.tensor.scalar_type(), op, first.name);
-  for (const NamedTensor& other : operands) {
-    LINREC_CHECK(other.tensor.defined(), op, ": ", other.name, " must be a tensor, got None");
-    LINREC_CHECK(same_shape(other.tensor, first.tensor),
-                 op, ": ", other.name, " must have the shape of ", first.name, " ",
-                 shape_string(first.tensor), ", got ", shape_string(other.tensor));
-    LINREC_CHECK(other.tensor.device() == first.tensor.device(), op, ": ", other.name,
-                 " must be on the device of ", first.name, " (", device_string(first.tensor), "), got ",
-                 device_string(other.tensor));
-    LINREC_CHECK(other.tensor.scalar_type() == first.tensor.scalar_type(), op, ": ", other.name,
-                 " must have the dtype of ", first.name, " (",
-                 torch::headeronly::toString(first.tensor.scalar_type()), "), got ",
-                 torch::headeronly::toString(other.tensor.scalar_type()));
+// `tensor` must be on the device of `like` and have its dtype.
+inline void check_like(const char* op, const char* name, const Tensor& tensor, const char* like_name, const Tensor& like) {
+  LINREC_CHECK(tensor.device() == like.device(), op, ": ", name, " must be on the device of ", like_name, " (",
+               device_string(like), "), got ", device_string(tensor));
+  LINREC_CHECK(tensor.scalar_type() == like.scalar_type(), op, ": ", name, " must have the dtype of ", like_name,
+               " (", dtype_string(like), "), got ", dtype_string(tensor));
+}
+
+inline void check_shape(const char* op, const char* name, const Tensor& tensor, const std::vector<int64_t>& expected,
+                        const char* what) {
+  LINREC_CHECK(sizes_of(tensor) == expected, op, ": ", name, " must have shape ", shape_string(expected), " (", what,
+               "), got ", shape_string(tensor));
+}
+
+// The arguments both ops share, checked, with the time dim normalized.
+struct Arguments {
+  int64_t time_dim = 0;
+  std::vector<int64_t> sizes;          // of inputs (d_outputs in the backward)
+  std::vector<int64_t> initial_sizes;  // what initial must be: sizes without time, dim 0 counting packed sequences
+  DType dtype = DType::Float32;
+};
+
+// Checks `values` (inputs or d_outputs), coeffs, dim, initial, cu_seqlens and log_coeffs together.
+inline Arguments check_arguments(const char* op, const char* values_name, const Tensor& values, const Tensor& coeffs,
+                                 int64_t dim, const OptionalTensor& initial, const OptionalTensor& cu_seqlens,
+                                 bool log_coeffs) {
+  Arguments args;
+  LINREC_CHECK(values.dim() >= 1, op, ": ", values_name, " must have at least one dim (the time dim), got a 0-dim tensor");
+  args.dtype = to_dtype(values, op, values_name);
+  args.sizes = sizes_of(values);
+  const int64_t ndim = values.dim();
+  LINREC_CHECK(dim >= -ndim && dim < ndim, op, ": dim must be in [", -ndim, ", ", ndim - 1, "] for a ", ndim,
+               "-dim ", values_name, ", got ", dim);
+  args.time_dim = dim < 0 ? dim + ndim : dim;
+
+  check_like(op, "coeffs", coeffs, values_name, values);
+  bool broadcastable = coeffs.dim() <= ndim;
+  for (int64_t d = 0; broadcastable && d < coeffs.dim(); ++d) {
+    const int64_t size = coeffs.size(coeffs.dim() - 1 - d);
+    broadcastable = size == 1 || size == args.sizes[ndim - 1 - d];
   }
-  return dtype;
+  LINREC_CHECK(broadcastable, op, ": coeffs must be broadcastable to the shape of ", values_name, " ",
+               shape_string(args.sizes), ", got ", shape_string(coeffs));
+  LINREC_CHECK(!(log_coeffs && (args.dtype == DType::Complex64 || args.dtype == DType::Complex128)), op,
+               ": log_coeffs=True takes real coefficients (the log of a complex coefficient is ambiguous), got ",
+               dtype_string(coeffs));
+
+  args.initial_sizes = args.sizes;
+  args.initial_sizes.erase(args.initial_sizes.begin() + args.time_dim);
+  if (cu_seqlens) {
+    const Tensor& offsets = *cu_seqlens;
+    LINREC_CHECK(offsets.dim() == 1 && offsets.size(0) >= 2, op,
+                 ": cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape ", shape_string(offsets));
+    LINREC_CHECK(offsets.scalar_type() == torch::headeronly::ScalarType::Int ||
+                     offsets.scalar_type() == torch::headeronly::ScalarType::Long,
+                 op, ": cu_seqlens must be int32 or int64, got ", dtype_string(offsets));
+    LINREC_CHECK(offsets.device() == values.device(), op, ": cu_seqlens must be on the device of ", values_name, " (",
+                 device_string(values), "), got ", device_string(offsets));
+    LINREC_CHECK(args.time_dim >= 1 && args.sizes[0] == 1, op, ": with cu_seqlens, ", values_name,
+                 " packs its sequences along dim ", args.time_dim, " and must have a batch dim (dim 0) of size 1 "
+                 "before it, got shape ", shape_string(args.sizes));
+    if (offsets.is_cpu()) {  // CUDA offsets are checked by the Python API, which can afford the copy
+      const bool is_int64 = offsets.scalar_type() == torch::headeronly::ScalarType::Long;
+      const int64_t count = offsets.size(0);
+      int64_t previous = 0;
+      for (int64_t s = 0; s < count; ++s) {
+        const int64_t value = is_int64 ? offsets.const_data_ptr<int64_t>()[s * offsets.stride(0)]
+                                       : offsets.const_data_ptr<int32_t>()[s * offsets.stride(0)];
+        LINREC_CHECK(s > 0 || value == 0, op, ": cu_seqlens must start at 0, got ", value);
+        LINREC_CHECK(value >= previous, op, ": cu_seqlens must be non-decreasing, got ", previous, " then ", value,
+                     " at index ", s);
+        previous = value;
+      }
+      LINREC_CHECK(previous == args.sizes[args.time_dim], op, ": cu_seqlens must end at the length of dim ",
+                   args.time_dim, " of ", values_name, " (", args.sizes[args.time_dim], "), got ", previous);
+    }
+    args.initial_sizes[0] = offsets.size(0) - 1;
+  }
+  if (initial) {
+    check_like(op, "initial", *initial, values_name, values);
+    check_shape(op, "initial", *initial, args.initial_sizes,
+                cu_seqlens ? "the shape of inputs without the time dim, dim 0 counting the cu_seqlens sequences"
+                           : "the shape of inputs without the time dim");
+  }
+  return args;
 }
 
-inline SequenceLayout sequence_layout(const char* op, const Tensor& like, DType dtype, bool reverse,
-                                      int64_t threads_per_sequence, int64_t vectors_per_thread) {
+// How one tensor maps onto the dims of inputs.
+enum class Role {
+  Full,       // has inputs' shape
+  Broadcast,  // broadcastable to inputs' shape (coeffs)
+  State,      // inputs' shape without the time dim (initial states), dim 0 per packed sequence with cu_seqlens
+};
+
+struct OperandBinding {
+  const Tensor* tensor;  // nullptr: absent (no initial state)
+  Role role;
+  Operand* operand;
+};
+
+// Fills the layout's batch shape and every operand's strides: the dims other than time, size-1 dims
+// dropped, ordered by the first operand's strides (outermost first, so that consecutive rows are
+// neighbours in memory where possible) and merged where every operand steps through them evenly.
+inline void bind_operands(const char* op, const Arguments& args, bool packed, SequenceLayout& layout,
+                          std::initializer_list<OperandBinding> bindings) {
+  const int64_t ndim = static_cast<int64_t>(args.sizes.size());
+  struct Dim {
+    int64_t size;
+    std::vector<int64_t> strides;  // per binding
+  };
+  std::vector<Dim> dims;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (d == args.time_dim || args.sizes[d] == 1) continue;
+    Dim dim{args.sizes[d], {}};
+    for (const OperandBinding& binding : bindings) {
+      int64_t stride = 0;
+      if (binding.tensor != nullptr) {
+        const Tensor& tensor = *binding.tensor;
+        if (binding.role == Role::Full) {
+          stride = tensor.stride(d);
+        } else if (binding.role == Role::Broadcast) {
+          const int64_t own = d - (ndim - tensor.dim());
+          stride = own >= 0 && tensor.size(own) != 1 ? tensor.stride(own) : 0;
+        } else {
+          stride = tensor.stride(d < args.time_dim ? d : d - 1);
+        }
+      }
+      dim.strides.push_back(stride);
+    }
+    dims.push_back(std::move(dim));
+  }
+  std::stable_sort(dims.begin(), dims.end(), [](const Dim& a, const Dim& b) { return a.strides[0] > b.strides[0]; });
+  std::vector<Dim> merged;
+  for (Dim& dim : dims) {
+    bool fits = !merged.empty();
+    for (size_t k = 0; fits && k < dim.strides.size(); ++k) fits = merged.back().strides[k] == dim.strides[k] * dim.size;
+    if (fits) {
+      merged.back().size *= dim.size;
+      merged.back().strides = dim.strides;
+    } else {
+      merged.push_back(std::move(dim));
+    }
+  }
+  LINREC_CHECK(merged.size() <= static_cast<size_t>(kMaxBatchDims), op, ": the dims other than time must merge into at most ",
+               kMaxBatchDims, " strided dims, got ", merged.size(), " (make the tensors contiguous)");
+
+  layout.shape.num_dims = static_cast<int>(merged.size());
+  for (size_t d = 0; d < merged.size(); ++d) layout.shape.sizes[d] = merged[d].size;
+  layout.seq_len = args.sizes[args.time_dim];
+  size_t k = 0;
+  for (const OperandBinding& binding : bindings) {
+    Operand& operand = *binding.operand;
+    operand = Operand{};
+    if (binding.tensor != nullptr) {
+      const Tensor& tensor = *binding.tensor;
+      operand.data = const_cast<void*>(tensor.const_data_ptr());
+      if (binding.role == Role::Full) {
+        operand.time_stride = tensor.stride(args.time_dim);
+      } else if (binding.role == Role::Broadcast) {
+        const int64_t own = args.time_dim - (ndim - tensor.dim());
+        operand.time_stride = own >= 0 && tensor.size(own) != 1 ? tensor.stride(own) : 0;
+      }
+      if (binding.role == Role::State && packed) operand.segment_stride = tensor.stride(0);
+      // A single step never moves along time: call it contiguous, as the fast kernels want.
+      if (layout.seq_len == 1) operand.time_stride = 1;
+    }
+    for (size_t d = 0; d < merged.size(); ++d) operand.strides[d] = merged[d].strides[k];
+    ++k;
+  }
+}
+
+inline void set_options(SequenceLayout& layout, const Arguments& args, bool reverse, const OptionalTensor& cu_seqlens,
+                        bool log_coeffs, const char* op, int64_t threads_per_sequence, int64_t vectors_per_thread) {
   LINREC_CHECK(threads_per_sequence >= 0 && vectors_per_thread >= 0 &&
                    (threads_per_sequence == 0) == (vectors_per_thread == 0),
                op, ": threads_per_sequence and vectors_per_thread must both be 0 (automatic) or both positive, got ",
                threads_per_sequence, " and ", vectors_per_thread);
-  SequenceLayout layout;
-  layout.seq_len = like.size(like.dim() - 1);
-  layout.num_sequences = layout.seq_len == 0 ? 0 : like.numel() / layout.seq_len;
+  layout.dtype = args.dtype;
   layout.reverse = reverse;
-  layout.dtype = dtype;
+  layout.log_coeffs = log_coeffs;
+  if (cu_seqlens) {
+    layout.cu_seqlens = cu_seqlens->const_data_ptr();
+    layout.cu_seqlens_int64 = cu_seqlens->scalar_type() == torch::headeronly::ScalarType::Long;
+    layout.num_segments = cu_seqlens->size(0) - 1;
+  }
   layout.threads_per_sequence = static_cast<int>(threads_per_sequence);
   layout.vectors_per_thread = static_cast<int>(vectors_per_thread);
-  return layout;
 }
-
-// The kernels read rows of contiguous elements; other layouts are copied once here.
-inline Tensor as_contiguous(const Tensor& tensor) {
-  return tensor.is_contiguous() ? tensor : torch::stable::contiguous(tensor);
-}
-
-inline Tensor new_output(const Tensor& like) { return torch::stable::new_empty(like, like.sizes()); }
 
 // Launch(params, like): runs the kernel on the device of `like`.
 template <void (*Launch)(const ForwardParams&, const Tensor&)>
-Tensor forward_op(const Tensor& inputs_arg, const Tensor& coeffs_arg, bool reverse, int64_t threads_per_sequence,
+Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool reverse, const OptionalTensor& initial,
+                  const OptionalTensor& cu_seqlens, bool log_coeffs, int64_t threads_per_sequence,
                   int64_t vectors_per_thread) {
-  const DType dtype = check_operands("linrec.forward", {{"inputs", inputs_arg}, {"coeffs", coeffs_arg}});
-  const Tensor inputs = as_contiguous(inputs_arg);
-  const Tensor coeffs = as_contiguous(coeffs_arg);
-  Tensor outputs = new_output(inputs);
+  constexpr const char* op = "linrec.forward";
+  const Arguments args = check_arguments(op, "inputs", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
+  // Same strides as inputs where inputs are dense; no copy of any operand is made.
+  Tensor outputs = torch::stable::empty_like(inputs);
 
   ForwardParams params;
-  static_cast<SequenceLayout&>(params) =
-      sequence_layout("linrec.forward", inputs, dtype, reverse, threads_per_sequence, vectors_per_thread);
-  params.inputs = inputs.const_data_ptr();
-  params.coeffs = coeffs.const_data_ptr();
-  params.outputs = outputs.mutable_data_ptr();
+  set_options(params, args, reverse, cu_seqlens, log_coeffs, op, threads_per_sequence, vectors_per_thread);
+  bind_operands(op, args, cu_seqlens.has_value(), params,
+                {{&outputs, Role::Full, &params.outputs},
+                 {&inputs, Role::Full, &params.inputs},
+                 {&coeffs, Role::Broadcast, &params.coeffs},
+                 {initial ? &*initial : nullptr, Role::State, &params.initial}});
   if (params.numel() > 0) Launch(params, inputs);
   return outputs;
 }
 
+// Returns (d_inputs, d_coeffs, d_initial). d_coeffs has inputs' shape (the caller sums it to a broadcast
+// coeffs' shape); d_initial has initial's shape, or is empty without an initial state.
 template <void (*Launch)(const BackwardParams&, const Tensor&)>
-std::tuple<Tensor, Tensor> backward_op(const Tensor& d_outputs_arg, const Tensor& coeffs_arg,
-                                       const Tensor& outputs_arg, bool reverse, int64_t threads_per_sequence,
-                                       int64_t vectors_per_thread) {
-  const DType dtype = check_operands(
-      "linrec.backward", {{"d_outputs", d_outputs_arg}, {"coeffs", coeffs_arg}, {"outputs", outputs_arg}});
-  const Tensor d_outputs = as_contiguous(d_outputs_arg);
-  const Tensor coeffs = as_contiguous(coeffs_arg);
-  const Tensor outputs = as_contiguous(outputs_arg);
-  Tensor d_inputs = new_output(d_outputs);
-  Tensor d_coeffs = new_output(d_outputs);
+std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Tensor& coeffs, const Tensor& outputs,
+                                               int64_t dim, bool reverse, const OptionalTensor& initial,
+                                               const OptionalTensor& cu_seqlens, bool log_coeffs,
+                                               int64_t threads_per_sequence, int64_t vectors_per_thread) {
+  constexpr const char* op = "linrec.backward";
+  const Arguments args = check_arguments(op, "d_outputs", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
+  check_like(op, "outputs", outputs, "d_outputs", d_outputs);
+  check_shape(op, "outputs", outputs, args.sizes, "the shape of d_outputs");
+  // Laid out like outputs (inputs' layout): d_outputs is often an expanded or otherwise odd gradient.
+  Tensor d_inputs = torch::stable::empty_like(outputs);
+  Tensor d_coeffs = torch::stable::empty_like(outputs);
+  // Zeros: packed sequences of length 0 have no element to compute their gradient from.
+  Tensor d_initial = torch::stable::new_zeros(d_outputs, initial ? args.initial_sizes : std::vector<int64_t>{0});
 
   BackwardParams params;
-  static_cast<SequenceLayout&>(params) =
-      sequence_layout("linrec.backward", d_outputs, dtype, reverse, threads_per_sequence, vectors_per_thread);
-  params.d_outputs = d_outputs.const_data_ptr();
-  params.coeffs = coeffs.const_data_ptr();
-  params.outputs = outputs.const_data_ptr();
-  params.d_inputs = d_inputs.mutable_data_ptr();
-  params.d_coeffs = d_coeffs.mutable_data_ptr();
+  set_options(params, args, reverse, cu_seqlens, log_coeffs, op, threads_per_sequence, vectors_per_thread);
+  bind_operands(op, args, cu_seqlens.has_value(), params,
+                {{&d_inputs, Role::Full, &params.d_inputs},
+                 {&d_coeffs, Role::Full, &params.d_coeffs},
+                 {&d_outputs, Role::Full, &params.d_outputs},
+                 {&outputs, Role::Full, &params.outputs},
+                 {&coeffs, Role::Broadcast, &params.coeffs},
+                 {initial ? &*initial : nullptr, Role::State, &params.initial},
+                 {initial ? &d_initial : nullptr, Role::State, &params.d_initial}});
   if (params.numel() > 0) Launch(params, d_outputs);
-  return {d_inputs, d_coeffs};
+  return {d_inputs, d_coeffs, d_initial};
 }
 
 }  // namespace linrec

@@ -4,10 +4,16 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define LINREC_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define LINREC_HOST_DEVICE inline
+#endif
+
 namespace linrec {
 
-// The floating-point element types the kernels are compiled for.
-enum class DType : int8_t { Float32, Float64, Float16, BFloat16 };
+// The element types the kernels are compiled for.
+enum class DType : int8_t { Float32, Float64, Float16, BFloat16, Complex64, Complex128 };
 
 inline const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -15,40 +21,98 @@ inline const char* dtype_name(DType dtype) {
     case DType::Float64: return "float64";
     case DType::Float16: return "float16";
     case DType::BFloat16: return "bfloat16";
+    case DType::Complex64: return "complex64";
+    case DType::Complex128: return "complex128";
   }
   return "unknown";
 }
 
-// num_sequences independent rows of seq_len contiguous elements each.
+// The op layer merges the dims other than time into at most this many "batch" dims (dropping size-1
+// dims and fusing dims that every operand steps through evenly); tensors needing more are refused.
+constexpr int kMaxBatchDims = 8;
+
+// The batch dims the sequences are numbered over, outermost first: sequence row r has the
+// multi-index of r in sizes[0..num_dims) (row-major, the last dim fastest).
+struct BatchShape {
+  int num_dims = 0;
+  int64_t sizes[kMaxBatchDims] = {};
+  int64_t num_rows() const {
+    int64_t rows = 1;
+    for (int d = 0; d < num_dims; ++d) rows *= sizes[d];
+    return rows;
+  }
+};
+
+// One tensor operand as the kernels address it: element (row, t) lives at
+// data[offset(row) + t * time_stride], with strides in elements. Broadcast dims have stride 0.
+struct Operand {
+  void* data = nullptr;
+  int64_t time_stride = 0;
+  int64_t segment_stride = 0;  // between packed sequences' initial states (cu_seqlens), else 0
+  int64_t strides[kMaxBatchDims] = {};
+
+  // The offset of batch row `row`; the strides of dims past shape.num_dims are never read.
+  LINREC_HOST_DEVICE int64_t offset(const BatchShape& shape, int64_t row) const {
+    int64_t result = 0;
+#pragma unroll
+    for (int d = kMaxBatchDims - 1; d >= 0; --d) {
+      if (d < shape.num_dims) {
+        result += row % shape.sizes[d] * strides[d];
+        row /= shape.sizes[d];
+      }
+    }
+    return result;
+  }
+
+  template <typename T>
+  LINREC_HOST_DEVICE T* row(const BatchShape& shape, int64_t row_index) const {
+    return static_cast<T*>(data) + offset(shape, row_index);
+  }
+};
+
+// The sequences one op call scans: num_segments x shape.num_rows() of them. Without cu_seqlens, one
+// segment spans all seq_len time steps; with it, packed sequence s spans [cu_seqlens[s], cu_seqlens[s+1]).
 struct SequenceLayout {
-  int64_t num_sequences = 0;
-  int64_t seq_len = 0;
-  bool reverse = false;  // scan from the last element towards the first
+  BatchShape shape;
+  int64_t seq_len = 0;           // time steps per row (all packed sequences together)
+  int64_t num_segments = 1;      // packed sequences per row
+  const void* cu_seqlens = nullptr;  // num_segments + 1 offsets, int32 or int64; null: one segment
+  bool cu_seqlens_int64 = false;
+  bool reverse = false;     // scan from the last element towards the first
+  bool log_coeffs = false;  // coeffs hold log c: the kernels use exp(coeffs)
   DType dtype = DType::Float32;
   // CUDA kernel config forced for experiments and tuning; 0 and 0 let the launcher choose per shape.
   int threads_per_sequence = 0;
   int vectors_per_thread = 0;
 
-  int64_t numel() const { return num_sequences * seq_len; }
+  int64_t num_rows() const { return shape.num_rows(); }
+  int64_t numel() const { return num_rows() * seq_len; }
+
+  // Where packed sequence `segment` begins and ends along time.
+  LINREC_HOST_DEVICE int64_t boundary(int64_t segment) const {
+    if (cu_seqlens == nullptr) return segment == 0 ? 0 : seq_len;
+    return cu_seqlens_int64 ? static_cast<const int64_t*>(cu_seqlens)[segment]
+                            : static_cast<const int32_t*>(cu_seqlens)[segment];
+  }
 };
 
-// outputs[0] = inputs[0]; outputs[l] = coeffs[l] * outputs[l-1] + inputs[l] for l >= 1.
+// Per sequence: outputs[first] = coeffs[first] * initial + inputs[first] (initial = 0 when absent),
+// then outputs[l] = coeffs[l] * outputs[l-1] + inputs[l], with "first" and "l-1" in scan order.
 struct ForwardParams : SequenceLayout {
-  const void* inputs = nullptr;
-  const void* coeffs = nullptr;
-  void* outputs = nullptr;
+  Operand inputs, coeffs, outputs;
+  Operand initial;  // data == nullptr: no initial state
 };
 
-// Gradient of the forward recurrence, in one pass:
-//   d_inputs[l] = coeffs[l+1] * d_inputs[l+1] + d_outputs[l]   (a scan against the forward direction)
-//   d_coeffs[l] = d_inputs[l] * outputs[l-1]                     (d_coeffs[0] = 0)
-// with l+1 and l-1 taken in the forward scan's direction.
+// Gradient of the forward recurrence, in one pass against the scan direction (PyTorch's convention
+// for complex numbers, conj = conjugate, identity for real types):
+//   d_inputs[l] = conj(coeffs[l+1]) * d_inputs[l+1] + d_outputs[l]
+//   d_coeffs[l] = d_inputs[l] * conj(outputs[l-1])     (outputs[first-1] = initial, or 0)
+//   d_initial   = conj(coeffs[first]) * d_inputs[first]
+// With log_coeffs, d_coeffs is with respect to log c: the above times c[l].
 struct BackwardParams : SequenceLayout {
-  const void* d_outputs = nullptr;
-  const void* coeffs = nullptr;
-  const void* outputs = nullptr;
-  void* d_inputs = nullptr;
-  void* d_coeffs = nullptr;
+  Operand d_outputs, coeffs, outputs, initial;
+  Operand d_inputs, d_coeffs;
+  Operand d_initial;  // data == nullptr when there is no initial state
 };
 
 }  // namespace linrec

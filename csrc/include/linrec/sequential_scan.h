@@ -1,64 +1,97 @@
-// The recurrence run element after element: the CPU kernel, and the host reference of the
-// standalone CUDA kernel check. accumulator_t is shared with the CUDA kernels.
+// The recurrence run element after element over strided operands: the CPU kernel, the CUDA kernel
+// for layouts whose time dim is not contiguous (one thread per sequence), and the host reference of
+// the standalone CUDA kernel check. Every feature of the params (strides, broadcasting, initial
+// state, packed sequences, log coefficients, complex types) is handled here in its plainest form.
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
-#if defined(__CUDACC__)
-#define LINREC_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define LINREC_HOST_DEVICE inline
-#endif
+#include "linrec/numeric.h"
+#include "linrec/params.h"
 
 namespace linrec {
 
-// 16-bit element types are loaded into float and accumulated there; the rest accumulate as they are.
-template <typename T>
-using accumulator_t = std::conditional_t<(sizeof(T) < sizeof(float)), float, T>;
-
-// Lanes sequences, row_stride elements apart, run in lockstep: their recurrences are independent,
+// Scans packed sequence `segment` of Lanes batch rows in lockstep: their recurrences are independent,
 // so interleaving them hides the latency of each step's multiply-add (the CPU kernel's inner loop).
-template <int Lanes = 1, typename T>
-LINREC_HOST_DEVICE void sequential_scan_forward(const T* inputs, const T* coeffs, T* outputs, int64_t seq_len,
-                                                bool reverse, int64_t row_stride = 0) {
+template <int Lanes, typename T>
+LINREC_HOST_DEVICE void sequential_scan_forward(const ForwardParams& params, const int64_t (&rows)[Lanes],
+                                                int64_t segment) {
   using Acc = accumulator_t<T>;
-  const int64_t step = reverse ? -1 : 1;
-  int64_t l = reverse ? seq_len - 1 : 0;
+  const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1);
+  const bool has_initial = params.initial.data != nullptr;
+  const T* inputs[Lanes];
+  const T* coeffs[Lanes];
+  T* outputs[Lanes];
   Acc state[Lanes];
-  for (int64_t n = 0; n < seq_len; ++n, l += step) {
+  for (int k = 0; k < Lanes; ++k) {
+    inputs[k] = params.inputs.row<const T>(params.shape, rows[k]);
+    coeffs[k] = params.coeffs.row<const T>(params.shape, rows[k]);
+    outputs[k] = params.outputs.row<T>(params.shape, rows[k]);
+    state[k] = has_initial ? static_cast<Acc>(params.initial.row<const T>(params.shape, rows[k])
+                                                  [segment * params.initial.segment_stride])
+                           : Acc(0);
+  }
+  const int64_t step = params.reverse ? -1 : 1;
+  const int64_t first = params.reverse ? end - 1 : begin;
+  for (int64_t n = 0, t = first; n < end - begin; ++n, t += step) {
     for (int k = 0; k < Lanes; ++k) {
-      const int64_t i = k * row_stride + l;
-      // The first element has no predecessor: outputs = inputs there, and its coefficient takes no
-      // part (so a NaN or Inf in it does not reach the outputs).
-      state[k] = n == 0 ? static_cast<Acc>(inputs[i])
-                        : static_cast<Acc>(coeffs[i]) * state[k] + static_cast<Acc>(inputs[i]);
-      outputs[i] = static_cast<T>(state[k]);
+      const Acc input = static_cast<Acc>(inputs[k][t * params.inputs.time_stride]);
+      const Acc coeff = coefficient(static_cast<Acc>(coeffs[k][t * params.coeffs.time_stride]), params.log_coeffs);
+      // Without an initial state the first coefficient takes no part (a NaN or Inf in it does not
+      // reach the outputs).
+      state[k] = n == 0 && !has_initial ? input : coeff * state[k] + input;
+      outputs[k][t * params.outputs.time_stride] = static_cast<T>(state[k]);
     }
   }
 }
 
-template <int Lanes = 1, typename T>
-LINREC_HOST_DEVICE void sequential_scan_backward(const T* d_outputs, const T* coeffs, const T* outputs,
-                                                 T* d_inputs, T* d_coeffs, int64_t seq_len, bool reverse,
-                                                 int64_t row_stride = 0) {
+template <int Lanes, typename T>
+LINREC_HOST_DEVICE void sequential_scan_backward(const BackwardParams& params, const int64_t (&rows)[Lanes],
+                                                 int64_t segment) {
   using Acc = accumulator_t<T>;
-  // Walk against the forward scan: from its last element towards its first.
-  const int64_t step = reverse ? 1 : -1;
-  int64_t l = reverse ? 0 : seq_len - 1;
+  const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1);
+  const bool has_initial = params.initial.data != nullptr;
+  const T* d_outputs[Lanes];
+  const T* coeffs[Lanes];
+  const T* outputs[Lanes];
+  T* d_inputs[Lanes];
+  T* d_coeffs[Lanes];
   Acc d_state[Lanes];
-  Acc next_coeff[Lanes];  // coeffs shifted by one step; nothing follows the last element
-  for (int k = 0; k < Lanes; ++k) d_state[k] = next_coeff[k] = Acc(0);
-  for (int64_t n = 0; n < seq_len; ++n, l += step) {
-    const bool has_prev = n + 1 < seq_len;  // the forward scan's first element has none
+  Acc next_coeff[Lanes];  // conj(coeffs) one step later in the forward scan; nothing follows the last
+  for (int k = 0; k < Lanes; ++k) {
+    d_outputs[k] = params.d_outputs.row<const T>(params.shape, rows[k]);
+    coeffs[k] = params.coeffs.row<const T>(params.shape, rows[k]);
+    outputs[k] = params.outputs.row<const T>(params.shape, rows[k]);
+    d_inputs[k] = params.d_inputs.row<T>(params.shape, rows[k]);
+    d_coeffs[k] = params.d_coeffs.row<T>(params.shape, rows[k]);
+    d_state[k] = next_coeff[k] = Acc(0);
+  }
+  // Walk against the forward scan: from its last element towards its first.
+  const int64_t step = params.reverse ? 1 : -1;
+  const int64_t last = params.reverse ? begin : end - 1;
+  const int64_t length = end - begin;
+  for (int64_t n = 0, t = last; n < length; ++n, t += step) {
+    const bool has_prev = n + 1 < length;  // the forward scan's first element has none
     for (int k = 0; k < Lanes; ++k) {
-      const int64_t i = k * row_stride + l;
-      d_state[k] = next_coeff[k] * d_state[k] + static_cast<Acc>(d_outputs[i]);
-      next_coeff[k] = static_cast<Acc>(coeffs[i]);
-      d_inputs[i] = static_cast<T>(d_state[k]);
-      d_coeffs[i] = static_cast<T>(has_prev ? d_state[k] * static_cast<Acc>(outputs[i + step]) : Acc(0));
+      d_state[k] = next_coeff[k] * d_state[k] + static_cast<Acc>(d_outputs[k][t * params.d_outputs.time_stride]);
+      const Acc coeff = coefficient(static_cast<Acc>(coeffs[k][t * params.coeffs.time_stride]), params.log_coeffs);
+      d_inputs[k][t * params.d_inputs.time_stride] = static_cast<T>(d_state[k]);
+      Acc d_coeff = Acc(0);
+      if (has_prev || has_initial) {
+        const Acc prev = has_prev ? static_cast<Acc>(outputs[k][(t + step) * params.outputs.time_stride])
+                                  : static_cast<Acc>(params.initial.row<const T>(params.shape, rows[k])
+                                                         [segment * params.initial.segment_stride]);
+        d_coeff = d_state[k] * conj(prev);
+        if (params.log_coeffs) d_coeff = d_coeff * coeff;  // d/d(log c) = c * d/dc
+      }
+      d_coeffs[k][t * params.d_coeffs.time_stride] = static_cast<T>(d_coeff);
+      next_coeff[k] = conj(coeff);
     }
   }
+  if (has_initial)
+    for (int k = 0; k < Lanes; ++k)
+      params.d_initial.row<T>(params.shape, rows[k])[segment * params.d_initial.segment_stride] =
+          static_cast<T>(length > 0 ? next_coeff[k] * d_state[k] : Acc(0));
 }
 
 }  // namespace linrec

@@ -20,42 +20,45 @@ namespace {
 // torch.add on 16 x 65536).
 constexpr int kLanes = 4;
 
-// Calls rows.template operator()<Lanes>(offset) for groups of kLanes consecutive sequences (and single
-// ones for the rest), starting at sequence offset `offset`, spread over the thread pool in chunks of
-// at least kGrainElements elements so that short sequences do not pay a task each.
-template <typename Rows>
-void for_each_sequence_group(const SequenceLayout& layout, const Rows& rows) {
+// Calls scan.template operator()<Lanes>(rows, segment) for groups of kLanes consecutive batch rows of
+// one packed sequence (and single rows for the rest), spread over the thread pool in chunks of at
+// least kGrainElements elements so that short sequences do not pay a task each.
+template <typename Scan>
+void for_each_sequence_group(const SequenceLayout& layout, const Scan& scan) {
   constexpr int64_t kGrainElements = 1 << 15;
-  const int64_t grain = std::max<int64_t>(kLanes, kGrainElements / layout.seq_len);
-  torch::stable::parallel_for(0, layout.num_sequences, grain, [&](int64_t begin, int64_t end) {
-    int64_t seq = begin;
-    for (; seq + kLanes <= end; seq += kLanes) rows.template operator()<kLanes>(seq * layout.seq_len);
-    for (; seq < end; ++seq) rows.template operator()<1>(seq * layout.seq_len);
+  const int64_t rows = layout.num_rows();
+  const int64_t average_length = std::max<int64_t>(1, layout.seq_len / layout.num_segments);
+  const int64_t grain = std::max<int64_t>(kLanes, kGrainElements / average_length);
+  torch::stable::parallel_for(0, rows * layout.num_segments, grain, [&](int64_t begin, int64_t end) {
+    int64_t sequence = begin;
+    while (sequence < end) {
+      const int64_t segment = sequence / rows, row = sequence % rows;
+      if (row + kLanes <= rows && sequence + kLanes <= end) {
+        int64_t lanes[kLanes];
+        for (int k = 0; k < kLanes; ++k) lanes[k] = row + k;
+        scan.template operator()<kLanes>(lanes, segment);
+        sequence += kLanes;
+      } else {
+        const int64_t single[1] = {row};
+        scan.template operator()<1>(single, segment);
+        sequence += 1;
+      }
+    }
   });
 }
 
 void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
   dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
-    const auto* inputs = static_cast<const T*>(params.inputs);
-    const auto* coeffs = static_cast<const T*>(params.coeffs);
-    auto* outputs = static_cast<T*>(params.outputs);
-    for_each_sequence_group(params, [&]<int Lanes>(int64_t offset) {
-      sequential_scan_forward<Lanes>(inputs + offset, coeffs + offset, outputs + offset, params.seq_len,
-                                     params.reverse, params.seq_len);
+    for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
+      sequential_scan_forward<Lanes, T>(params, rows, segment);
     });
   });
 }
 
 void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
   dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
-    const auto* d_outputs = static_cast<const T*>(params.d_outputs);
-    const auto* coeffs = static_cast<const T*>(params.coeffs);
-    const auto* outputs = static_cast<const T*>(params.outputs);
-    auto* d_inputs = static_cast<T*>(params.d_inputs);
-    auto* d_coeffs = static_cast<T*>(params.d_coeffs);
-    for_each_sequence_group(params, [&]<int Lanes>(int64_t offset) {
-      sequential_scan_backward<Lanes>(d_outputs + offset, coeffs + offset, outputs + offset, d_inputs + offset,
-                                      d_coeffs + offset, params.seq_len, params.reverse, params.seq_len);
+    for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
+      sequential_scan_backward<Lanes, T>(params, rows, segment);
     });
   });
 }

@@ -1,0 +1,56 @@
+// The arithmetic every kernel shares: the accumulator type per element type, a complex type usable
+// on host and device, conjugation (for PyTorch's complex gradient convention) and the coefficient
+// transform of log_coeffs.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "linrec/params.h"  // LINREC_HOST_DEVICE
+
+namespace linrec {
+
+// Complex numbers as two reals, laid out like c10::complex and std::complex (so tensors' memory is
+// read as is). Our own rather than std::complex: that one is host-only and its operator* checks for
+// NaN/Inf on every multiply.
+template <typename Real>
+struct alignas(2 * sizeof(Real)) Complex {
+  Real re, im;
+  LINREC_HOST_DEVICE constexpr Complex(Real re_ = Real(0), Real im_ = Real(0)) : re(re_), im(im_) {}
+};
+
+template <typename Real>
+LINREC_HOST_DEVICE Complex<Real> operator+(Complex<Real> a, Complex<Real> b) { return {a.re + b.re, a.im + b.im}; }
+
+template <typename Real>
+LINREC_HOST_DEVICE Complex<Real> operator*(Complex<Real> a, Complex<Real> b) {
+  return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+}
+
+template <typename T>
+struct is_complex : std::false_type {};
+template <typename Real>
+struct is_complex<Complex<Real>> : std::true_type {};
+
+template <typename Real>
+LINREC_HOST_DEVICE Complex<Real> conj(Complex<Real> value) { return {value.re, -value.im}; }
+template <typename Real>
+LINREC_HOST_DEVICE std::enable_if_t<std::is_floating_point_v<Real>, Real> conj(Real value) { return value; }
+
+// 16-bit element types are loaded into float and accumulated there; the rest accumulate as they are.
+template <typename T>
+using accumulator_t = std::conditional_t<(sizeof(T) < sizeof(float)), float, T>;
+
+// A coefficient as the recurrence uses it: the stored value, or its exponential with log_coeffs
+// (which the op layer refuses for complex types).
+template <typename Acc>
+LINREC_HOST_DEVICE Acc coefficient(Acc stored, bool log_coeffs) {
+  if constexpr (is_complex<Acc>::value) {
+    return stored;
+  } else {
+    using std::exp;
+    return log_coeffs ? exp(stored) : stored;
+  }
+}
+
+}  // namespace linrec
