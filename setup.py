@@ -163,7 +163,8 @@ def native_libraries() -> list[NativeLibrary]:
         _log("no CUDA toolkit found (set CUDA_HOME, or put nvcc on PATH): building the CPU kernels only")
     else:
         libraries.append(NativeLibrary(
-            "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/pipe_scan.cu"],
+            "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/launch.cu",
+                               "csrc/kernels/cuda/pipe_scan.cu", "csrc/kernels/cuda/sequential_scan.cu"],
             uses_cuda=True))
     return libraries
 

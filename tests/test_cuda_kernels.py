@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DTYPES, assert_matches, random_operands
+from helpers import DTYPES, assert_matches, random_coeffs, random_operands, random_values, wide
 
 import linrec
 from linrec.tune import TILE_SHAPES
@@ -19,9 +19,9 @@ pytestmark = [
 
 def cpu_reference(inputs, coeffs, d_outputs, reverse):
     """Forward outputs and (d_inputs, d_coeffs) in float64 on the CPU."""
-    inputs, coeffs, d_outputs = (t.detach().cpu().double() for t in (inputs, coeffs, d_outputs))
-    outputs = torch.ops.linrec.forward(inputs, coeffs, reverse)
-    return (outputs, *torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse))
+    inputs, coeffs, d_outputs = (wide(t) for t in (inputs, coeffs, d_outputs))
+    outputs = torch.ops.linrec.forward(inputs, coeffs, reverse=reverse)
+    return (outputs, *torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse=reverse)[:2])
 
 
 def misaligned_copy(tensor):
@@ -34,13 +34,13 @@ def misaligned_copy(tensor):
 
 def check_config(shape, dtype, reverse, config, misaligned=False):
     inputs, coeffs = random_operands(shape, dtype, "cuda")
-    d_outputs = torch.randn(shape, dtype=torch.float64).to(dtype).cuda()
+    d_outputs = random_values(shape, dtype, "cuda")
     if misaligned:
         inputs, coeffs, d_outputs = map(misaligned_copy, (inputs, coeffs, d_outputs))
     expected_outputs, expected_d_inputs, expected_d_coeffs = cpu_reference(inputs, coeffs, d_outputs, reverse)
-    outputs = torch.ops.linrec.forward(inputs, coeffs, reverse, *config)
+    outputs = torch.ops.linrec.forward(inputs, coeffs, -1, reverse, None, None, False, *config)
     assert_matches(outputs, expected_outputs, dtype, f"outputs {config}")
-    d_inputs, d_coeffs = torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse, *config)
+    d_inputs, d_coeffs, _ = torch.ops.linrec.backward(d_outputs, coeffs, outputs, -1, reverse, None, None, False, *config)
     assert_matches(d_inputs, expected_d_inputs, dtype, f"d_inputs {config}")
     assert_matches(d_coeffs, expected_d_coeffs, dtype, f"d_coeffs {config}")
 
@@ -58,6 +58,51 @@ def test_every_compiled_config(seed, config, dtype, reverse):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64], ids=str)
+@pytest.mark.parametrize("config", TILE_SHAPES, ids=str)
+def test_every_config_with_initial_and_broadcast_coeffs(seed, config, dtype, reverse):
+    """The pipe kernels' branches for an initial state, coefficients broadcast along time (one per row)
+    and log coefficients, around the tile boundary, against the CPU kernels in float64 (complex128)."""
+    threads, vectors = config
+    tile = threads * vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    for length in (tile - 1, tile + 1, 2 * tile):
+        inputs = random_values((37, length), dtype, "cuda")
+        coeffs = random_coeffs((37, 1), dtype, "cuda")
+        if not dtype.is_complex:
+            coeffs = coeffs.abs().log()  # exercise log_coeffs too
+        initial = random_values((37,), dtype, "cuda")
+        d_outputs = random_values((37, length), dtype, "cuda")
+        options = dict(dim=-1, reverse=reverse, initial=initial, log_coeffs=not dtype.is_complex)
+        forced = dict(threads_per_sequence=threads, vectors_per_thread=vectors)
+        outputs = torch.ops.linrec.forward(inputs, coeffs, **options, **forced)
+        grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
+        wide_options = dict(options, initial=wide(initial))
+        expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
+        expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
+        assert_matches(outputs, expected_outputs, dtype, f"outputs {config} L={length}")
+        for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
+            assert_matches(grad, want, dtype, f"{name} {config} L={length}")
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("shape, dim", [((3, 1000, 67), 1), ((2, 70000, 5), 1), ((1, 33, 4097), 1)], ids=str)
+def test_strided_time_dim_at_size(seed, shape, dim, reverse):
+    """Time in the middle dim (the sequential kernels), long and wide, with an initial state."""
+    inputs, coeffs = random_operands(shape, torch.float32, "cuda")
+    initial = random_values((shape[0], shape[2]), torch.float32, "cuda")
+    d_outputs = random_values(shape, torch.float32, "cuda")
+    options = dict(dim=dim, reverse=reverse, initial=initial)
+    outputs = torch.ops.linrec.forward(inputs, coeffs, **options)
+    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options)
+    wide_options = dict(options, initial=wide(initial))
+    expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
+    expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
+    assert_matches(outputs, expected_outputs, torch.float32)
+    for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
+        assert_matches(grad, want, torch.float32, name)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("length", [1, 2, 31, 33, 1000, 65537, 2**20 + 1])
 def test_lengths_with_the_automatic_config(seed, length, reverse):
     check_config((3, length), torch.float32, reverse, (0, 0))
@@ -66,9 +111,9 @@ def test_lengths_with_the_automatic_config(seed, length, reverse):
 def test_rejects_configs_that_are_not_compiled():
     inputs, coeffs = random_operands((4, 64), torch.float32, "cuda")
     with pytest.raises(ValueError, match=r"no kernel is compiled for config \{threads_per_sequence=3, vectors_per_thread=1"):
-        torch.ops.linrec.forward(inputs, coeffs, False, 3, 1)
+        torch.ops.linrec.forward(inputs, coeffs, threads_per_sequence=3, vectors_per_thread=1)
     with pytest.raises(ValueError, match=r"threads_per_sequence and vectors_per_thread must both be 0"):
-        torch.ops.linrec.forward(inputs, coeffs, False, 32, 0)
+        torch.ops.linrec.forward(inputs, coeffs, threads_per_sequence=32, vectors_per_thread=0)
 
 
 def test_more_than_2_to_the_31_elements(seed):
@@ -80,8 +125,8 @@ def test_more_than_2_to_the_31_elements(seed):
     inputs = torch.randn(sequences, length, dtype=torch.bfloat16, device="cuda")
     coeffs = torch.rand(sequences, length, dtype=torch.bfloat16, device="cuda")
     assert inputs.numel() > 2**31
-    outputs = torch.ops.linrec.forward(inputs, coeffs, True)
-    d_inputs, d_coeffs = torch.ops.linrec.backward(inputs, coeffs, outputs, True)
+    outputs = torch.ops.linrec.forward(inputs, coeffs, reverse=True)
+    d_inputs, d_coeffs, _ = torch.ops.linrec.backward(inputs, coeffs, outputs, reverse=True)
     for result in (outputs, d_inputs, d_coeffs):
         assert torch.isfinite(result).all()  # every element written (outputs start as NaN)
     rows = [0, sequences - 2, sequences - 1]

@@ -1,8 +1,10 @@
 // Torch-free check of the CUDA kernels, for compute-sanitizer, ncu and cuda-gdb:
 //   linrec_check_kernels [max_length]
-// Runs forward and backward for every dtype, both directions and a set of odd shapes on
-// NaN-poisoned outputs, compares with the sequential recurrence on the host in double precision
-// and exits non-zero on any mismatch.
+// Runs forward and backward for every dtype, both directions, a set of odd lengths and the layouts
+// and features the kernels branch on (contiguous rows, channels-innermost strides, broadcast
+// coefficients, initial states, packed sequences, log coefficients) on NaN-poisoned outputs,
+// compares with the sequential recurrence on the host in double precision (the same
+// sequential_scan.h code, on the same strides) and exits non-zero on any mismatch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -19,6 +21,7 @@
 
 namespace {
 
+using linrec::Complex;
 using linrec::DType;
 
 struct CudaFree {
@@ -26,13 +29,18 @@ struct CudaFree {
 };
 
 template <typename T>
-using DeviceBuffer = std::unique_ptr<T, CudaFree>;
+struct DeviceBuffer {
+  std::unique_ptr<T, CudaFree> pointer;
+  size_t count;
+  T* get() const { return pointer.get(); }
+};
 
 template <typename T>
 DeviceBuffer<T> allocate(size_t count) {
   T* pointer = nullptr;
   LINREC_CUDA_CHECK(cudaMalloc(&pointer, (count + 1) * sizeof(T)));  // +1: never a zero-byte allocation
-  return DeviceBuffer<T>(pointer);
+  LINREC_CUDA_CHECK(cudaMemset(pointer, 0xFF, (count + 1) * sizeof(T)));  // all-ones bits: NaN in every float type
+  return {std::unique_ptr<T, CudaFree>(pointer), count};
 }
 
 template <typename T>
@@ -42,24 +50,51 @@ DeviceBuffer<T> upload(const std::vector<T>& host) {
   return device;
 }
 
+// The reference's type: double, or complex double.
 template <typename T>
-DeviceBuffer<T> poisoned(size_t count) {
-  DeviceBuffer<T> device = allocate<T>(count);
-  LINREC_CUDA_CHECK(cudaMemset(device.get(), 0xFF, count * sizeof(T)));  // all-ones bits: NaN in every float type
-  return device;
+using Wide = std::conditional_t<linrec::is_complex<T>::value, Complex<double>, double>;
+
+template <typename T>
+Wide<T> widen(const T& value) {
+  if constexpr (linrec::is_complex<T>::value) return {double(value.re), double(value.im)};
+  else return static_cast<double>(static_cast<float>(value));
+}
+
+// Inputs ~ N(0, 1); coefficients ~ U(-0.7, 0.7) (|c| < 1 in complex too), or their logs in (-1.5, -0.1).
+template <typename T>
+T random_value(std::mt19937& rng, bool coefficient, bool log_coefficient = false) {
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const auto draw = [&] {
+    if (log_coefficient) return uniform(rng) * 0.7 - 0.8;
+    return coefficient ? uniform(rng) * 0.7 : normal(rng);
+  };
+  if constexpr (linrec::is_complex<T>::value) {
+    using Real = decltype(T{}.re);
+    return T(static_cast<Real>(draw()), static_cast<Real>(draw()));
+  } else {
+    return static_cast<T>(draw());
+  }
 }
 
 template <typename T>
-std::vector<double> download(const DeviceBuffer<T>& device, size_t count) {
-  std::vector<T> host(count);
-  LINREC_CUDA_CHECK(cudaMemcpy(host.data(), device.get(), count * sizeof(T), cudaMemcpyDeviceToHost));
-  return std::vector<double>(host.begin(), host.end());
+std::vector<Wide<T>> download(const DeviceBuffer<T>& device) {
+  std::vector<T> host(device.count);
+  LINREC_CUDA_CHECK(cudaMemcpy(host.data(), device.get(), host.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  std::vector<Wide<T>> wide;
+  for (const T& value : host) wide.push_back(widen(value));
+  return wide;
 }
+
+double magnitude(double value) { return std::fabs(value); }
+double magnitude(Complex<double> value) { return std::hypot(value.re, value.im); }
+Complex<double> difference(Complex<double> a, Complex<double> b) { return {a.re - b.re, a.im - b.im}; }
+double difference(double a, double b) { return a - b; }
 
 double tolerance(DType dtype) {
   switch (dtype) {
-    case DType::Float64: return 1e-12;
-    case DType::Float32: return 2e-5;
+    case DType::Float64: case DType::Complex128: return 1e-12;
+    case DType::Float32: case DType::Complex64: return 2e-5;
     case DType::Float16: return 2e-3;
     case DType::BFloat16: return 1.6e-2;
   }
@@ -67,69 +102,162 @@ double tolerance(DType dtype) {
 }
 
 // max |actual - expected| / max |expected|; NaN anywhere in actual fails.
-bool matches(const char* what, const std::vector<double>& actual, const std::vector<double>& expected, DType dtype) {
+template <typename W>
+bool matches(const char* what, const std::vector<W>& actual, const std::vector<W>& expected, DType dtype) {
   double max_error = 0, scale = 1e-30;
   for (size_t i = 0; i < actual.size(); ++i) {
-    if (!std::isfinite(actual[i])) {
-      std::printf("  %s: element %zu is %f\n", what, i, actual[i]);
+    const double error = magnitude(difference(actual[i], expected[i]));
+    if (!std::isfinite(error)) {
+      std::printf("  %s: element %zu is not finite\n", what, i);
       return false;
     }
-    max_error = std::fmax(max_error, std::fabs(actual[i] - expected[i]));
-    scale = std::fmax(scale, std::fabs(expected[i]));
+    max_error = std::fmax(max_error, error);
+    scale = std::fmax(scale, magnitude(expected[i]));
   }
   if (max_error / scale <= tolerance(dtype)) return true;
   std::printf("  %s: max error / max |ref| = %.3g > %.3g\n", what, max_error / scale, tolerance(dtype));
   return false;
 }
 
-template <typename T>
-bool check_case(DType dtype, int64_t num_sequences, int64_t seq_len, bool reverse, std::mt19937& rng) {
-  const size_t count = static_cast<size_t>(num_sequences * seq_len);
-  std::normal_distribution<double> normal;
-  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  std::vector<T> inputs(count), coeffs(count), d_outputs(count);
-  for (size_t i = 0; i < count; ++i) {
-    inputs[i] = static_cast<T>(normal(rng));
-    coeffs[i] = static_cast<T>(uniform(rng));
-    d_outputs[i] = static_cast<T>(normal(rng));
-  }
-  // Host reference in double from the same rounded values.
-  const std::vector<double> x(inputs.begin(), inputs.end()), c(coeffs.begin(), coeffs.end()),
-      dy(d_outputs.begin(), d_outputs.end());
-  std::vector<double> y(count), dx(count), dc(count);
-  for (int64_t s = 0; s < num_sequences; ++s) {
-    const int64_t o = s * seq_len;
-    linrec::sequential_scan_forward(&x[o], &c[o], &y[o], seq_len, reverse);
-    linrec::sequential_scan_backward(&dy[o], &c[o], &y[o], &dx[o], &dc[o], seq_len, reverse);
-  }
+struct Case {
+  int64_t rows, seq_len;
+  bool reverse;
+  bool channels_innermost = false;  // (time, rows) memory: the sequential kernels' coalesced layout
+  bool broadcast_coeffs = false;    // one coefficient per row, time stride 0
+  bool initial = false;
+  int64_t packed = 1;               // > 1: that many packed sequences (cu_seqlens), uneven lengths
+  bool log_coeffs = false;
+};
 
-  auto device_inputs = upload(inputs), device_coeffs = upload(coeffs), device_d_outputs = upload(d_outputs);
-  auto device_outputs = poisoned<T>(count), device_d_inputs = poisoned<T>(count), device_d_coeffs = poisoned<T>(count);
+// The operands of one case, as host vectors of type U (T for the device, Wide<T> for the reference).
+template <typename U>
+struct Operands {
+  std::vector<U> inputs, coeffs, initial, d_outputs;
+};
+
+// Lays the params over the operands' buffers: strides from the case, pointers from `data`.
+template <typename Params>
+void describe_layout(Params& params, const Case& c, const std::vector<int64_t>& offsets) {
+  params.shape.num_dims = 1;
+  params.shape.sizes[0] = c.rows;
+  params.seq_len = c.seq_len;
+  params.reverse = c.reverse;
+  params.log_coeffs = c.log_coeffs;
+  if (c.packed > 1) {
+    params.cu_seqlens = offsets.data();
+    params.cu_seqlens_int64 = true;
+    params.num_segments = c.packed;
+  }
+}
+
+linrec::Operand full(const Case& c, void* data) {
+  linrec::Operand operand{data};
+  operand.time_stride = c.channels_innermost ? c.rows : 1;
+  operand.strides[0] = c.channels_innermost ? 1 : c.seq_len;
+  return operand;
+}
+
+linrec::Operand coefficients(const Case& c, void* data) {
+  if (!c.broadcast_coeffs) return full(c, data);
+  linrec::Operand operand{data};
+  operand.strides[0] = 1;
+  return operand;
+}
+
+linrec::Operand state(const Case& c, void* data) {
+  linrec::Operand operand{data};
+  operand.strides[0] = 1;
+  operand.segment_stride = c.rows;
+  return operand;
+}
+
+// Runs the host reference (sequential_scan.h) over every row and packed sequence.
+template <typename W>
+void reference(const Case& c, const std::vector<int64_t>& offsets, Operands<W>& in, std::vector<W>& outputs,
+               std::vector<W>& d_inputs, std::vector<W>& d_coeffs, std::vector<W>& d_initial) {
   linrec::ForwardParams forward;
-  forward.num_sequences = num_sequences;
-  forward.seq_len = seq_len;
-  forward.reverse = reverse;
+  describe_layout(forward, c, offsets);
+  forward.inputs = full(c, in.inputs.data());
+  forward.coeffs = coefficients(c, in.coeffs.data());
+  forward.outputs = full(c, outputs.data());
+  if (c.initial) forward.initial = state(c, in.initial.data());
+  linrec::BackwardParams backward;
+  static_cast<linrec::SequenceLayout&>(backward) = forward;
+  backward.d_outputs = full(c, in.d_outputs.data());
+  backward.coeffs = forward.coeffs;
+  backward.outputs = forward.outputs;
+  backward.initial = forward.initial;
+  backward.d_inputs = full(c, d_inputs.data());
+  backward.d_coeffs = full(c, d_coeffs.data());
+  if (c.initial) backward.d_initial = state(c, d_initial.data());
+  for (int64_t segment = 0; segment < c.packed; ++segment)
+    for (int64_t row = 0; row < c.rows; ++row) {
+      const int64_t rows[1] = {row};
+      linrec::sequential_scan_forward<1, W>(forward, rows, segment);
+      linrec::sequential_scan_backward<1, W>(backward, rows, segment);
+    }
+}
+
+template <typename T>
+bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
+  using W = Wide<T>;
+  const size_t count = static_cast<size_t>(c.rows * c.seq_len);
+  const size_t states = static_cast<size_t>(c.rows * c.packed);
+  std::vector<int64_t> offsets{0};  // uneven packed lengths, the last one taking the rest
+  for (int64_t s = 1; s < c.packed; ++s) offsets.push_back(std::min(c.seq_len, offsets.back() + (s * 7) % 13));
+  offsets.push_back(c.seq_len);
+
+  Operands<T> in;
+  for (size_t i = 0; i < count; ++i) in.inputs.push_back(random_value<T>(rng, false));
+  for (size_t i = 0; i < (c.broadcast_coeffs ? size_t(c.rows) : count); ++i) in.coeffs.push_back(random_value<T>(rng, true, c.log_coeffs));
+  for (size_t i = 0; i < states; ++i) in.initial.push_back(random_value<T>(rng, false));
+  for (size_t i = 0; i < count; ++i) in.d_outputs.push_back(random_value<T>(rng, false));
+
+  Operands<W> wide;
+  for (const T& v : in.inputs) wide.inputs.push_back(widen(v));
+  for (const T& v : in.coeffs) wide.coeffs.push_back(widen(v));
+  for (const T& v : in.initial) wide.initial.push_back(widen(v));
+  for (const T& v : in.d_outputs) wide.d_outputs.push_back(widen(v));
+  std::vector<W> outputs(count), d_inputs(count), d_coeffs(count), d_initial(states);
+  reference(c, offsets, wide, outputs, d_inputs, d_coeffs, d_initial);
+
+  auto device_offsets = upload(offsets);
+  auto device_inputs = upload(in.inputs), device_coeffs = upload(in.coeffs), device_initial = upload(in.initial);
+  auto device_d_outputs = upload(in.d_outputs);
+  auto device_outputs = allocate<T>(count), device_d_inputs = allocate<T>(count), device_d_coeffs = allocate<T>(count);
+  auto device_d_initial = allocate<T>(states);
+  LINREC_CUDA_CHECK(cudaMemset(device_d_initial.get(), 0, states * sizeof(T)));  // as the op layer allocates it
+
+  linrec::ForwardParams forward;
+  describe_layout(forward, c, offsets);
+  forward.cu_seqlens = c.packed > 1 ? device_offsets.get() : nullptr;
   forward.dtype = dtype;
-  forward.inputs = device_inputs.get();
-  forward.coeffs = device_coeffs.get();
-  forward.outputs = device_outputs.get();
+  forward.inputs = full(c, device_inputs.get());
+  forward.coeffs = coefficients(c, device_coeffs.get());
+  forward.outputs = full(c, device_outputs.get());
+  if (c.initial) forward.initial = state(c, device_initial.get());
   linrec::cuda::launch_forward(forward, nullptr);
 
   linrec::BackwardParams backward;
   static_cast<linrec::SequenceLayout&>(backward) = forward;
-  backward.d_outputs = device_d_outputs.get();
-  backward.coeffs = device_coeffs.get();
-  backward.outputs = device_outputs.get();
-  backward.d_inputs = device_d_inputs.get();
-  backward.d_coeffs = device_d_coeffs.get();
+  backward.d_outputs = full(c, device_d_outputs.get());
+  backward.coeffs = forward.coeffs;
+  backward.outputs = forward.outputs;
+  backward.initial = forward.initial;
+  backward.d_inputs = full(c, device_d_inputs.get());
+  backward.d_coeffs = full(c, device_d_coeffs.get());
+  if (c.initial) backward.d_initial = state(c, device_d_initial.get());
   linrec::cuda::launch_backward(backward, nullptr);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());
 
-  const bool ok = matches("outputs", download(device_outputs, count), y, dtype) &&
-                  matches("d_inputs", download(device_d_inputs, count), dx, dtype) &&
-                  matches("d_coeffs", download(device_d_coeffs, count), dc, dtype);
-  std::printf("%-4s %-8s %7lld x %-7lld %s\n", ok ? "ok" : "FAIL", linrec::dtype_name(dtype),
-              static_cast<long long>(num_sequences), static_cast<long long>(seq_len), reverse ? "reverse" : "forward");
+  bool ok = matches("outputs", download(device_outputs), outputs, dtype) &&
+            matches("d_inputs", download(device_d_inputs), d_inputs, dtype) &&
+            matches("d_coeffs", download(device_d_coeffs), d_coeffs, dtype);
+  if (c.initial) ok = ok && matches("d_initial", download(device_d_initial), d_initial, dtype);
+  std::printf("%-4s %-10s %5lld x %-7lld %-7s%s%s%s%s%s\n", ok ? "ok" : "FAIL", linrec::dtype_name(dtype),
+              static_cast<long long>(c.rows), static_cast<long long>(c.seq_len), c.reverse ? "reverse" : "forward",
+              c.channels_innermost ? " channels-innermost" : "", c.broadcast_coeffs ? " broadcast-coeffs" : "",
+              c.initial ? " initial" : "", c.packed > 1 ? " packed" : "", c.log_coeffs ? " log-coeffs" : "");
   return ok;
 }
 
@@ -139,12 +267,20 @@ int main(int argc, char** argv) {
   const int64_t max_length = argc > 1 ? std::stoll(argv[1]) : 4097;
   std::mt19937 rng(std::random_device{}());
   bool all_ok = true;
-  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
-    for (int64_t seq_len : {int64_t(1), int64_t(2), int64_t(31), int64_t(33), int64_t(1000), max_length})
-      for (bool reverse : {false, true})
-        linrec::dispatch_dtype<__half, __nv_bfloat16>(dtype, [&]<typename T>() {
-          all_ok &= check_case<T>(dtype, 131, seq_len, reverse, rng);
-        });
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Complex64, DType::Complex128})
+    linrec::dispatch_dtype<__half, __nv_bfloat16>(dtype, [&]<typename T>() {
+      for (bool reverse : {false, true}) {
+        for (int64_t seq_len : {int64_t(1), int64_t(2), int64_t(31), int64_t(33), int64_t(1000), max_length})
+          all_ok &= check_case<T>(dtype, Case{131, seq_len, reverse}, rng);
+        // The branches of the pipe kernels (initial, broadcast coefficients) and the sequential kernels
+        // (channels innermost, packed sequences).
+        all_ok &= check_case<T>(dtype, Case{67, 1001, reverse, false, true, true}, rng);
+        all_ok &= check_case<T>(dtype, Case{67, 301, reverse, true, false, true}, rng);
+        all_ok &= check_case<T>(dtype, Case{33, 301, reverse, true, true, true, 9}, rng);
+        if constexpr (!linrec::is_complex<T>::value)
+          all_ok &= check_case<T>(dtype, Case{67, 1001, reverse, false, false, false, 1, true}, rng);
+      }
+    });
   std::printf("%s (targets: %s)\n", all_ok ? "all cases match" : "MISMATCHES", linrec::cuda::compiled_targets());
   return all_ok ? 0 : 1;
 }

@@ -6,7 +6,8 @@ Prints GB/s of every implementation and its ratio to torch.add measured in the s
 writes a CSV (and a PNG when matplotlib is installed). Bytes counted are the fewest each call must
 move: forward reads inputs and coeffs and writes outputs (3 tensors); backward reads d_outputs,
 coeffs and outputs and writes d_inputs and d_coeffs (5 tensors). torch.add moves 3 tensors; its
-GB/s is the ceiling the ratio is taken against.
+GB/s is the ceiling the ratio is taken against. A second table times the compiled kernels on the
+layouts models use (time in the middle dim, broadcast coefficients), with the same byte counts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,54 @@ def gpu_shapes(device: torch.device) -> list[tuple[int, int]]:
     sequences = 100 * torch.cuda.get_device_properties(device).multi_processor_count
     lengths = (256, 1024, 4096, 4095, 16384, 65536)  # 4095: rows not 16-byte aligned
     return [(sequences, length) for length in lengths] + [(1 << 20, 16), (1 << 18, 64)]
+
+
+def layout_cases(device: torch.device) -> list[tuple[tuple[int, ...], int, tuple[int, ...] | None]]:
+    """(inputs shape, time dim, coeffs shape or None for inputs' shape) of the model-layout table."""
+    if device.type != "cuda":
+        return [((4, 4096, 256), 1, None), ((256, 4096), -1, (256, 1))]
+    sequences = 100 * torch.cuda.get_device_properties(device).multi_processor_count
+    return [
+        ((8, 4096, 4096), 1, None),  # (batch, time, channels)
+        ((1, 1 << 20, 64), 1, None),  # few channels, long time
+        ((8, 4096, 4096), 1, (8, 4096, 1)),  # one coefficient per (batch, time), shared by channels
+        ((sequences, 4096), -1, (sequences, 1)),  # one time-invariant coefficient per row
+    ]
+
+
+def measure_layouts(device: torch.device, dtypes: Iterable[torch.dtype], progress) -> list[dict]:
+    time_ms = timer(device)
+    rows = []
+    for dtype, (shape, dim, coeffs_shape) in progress([(d, case) for d in dtypes for case in layout_cases(device)]):
+        inputs = torch.randn(shape, device=device, dtype=dtype)
+        coeffs = torch.rand(coeffs_shape or shape, device=device, dtype=dtype)
+        d_outputs = torch.randn_like(inputs)
+        tensor_gb = inputs.numel() * inputs.element_size() / 1e9
+        full_coeffs = torch.rand_like(inputs)
+        add_gbps = 3 * tensor_gb / (time_ms(lambda: torch.add(inputs, full_coeffs)) / 1e3)
+        outputs = torch.ops.linrec.forward(inputs, coeffs, dim)
+        calls = {
+            "fwd": (3, lambda: torch.ops.linrec.forward(inputs, coeffs, dim)),
+            "bwd": (5, lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim)),
+        }
+        for direction, (tensors, fn) in calls.items():
+            ms = time_ms(fn)
+            gbps = tensors * tensor_gb / (ms / 1e3)
+            rows.append(dict(device=device.type, dtype=str(dtype).removeprefix("torch."), shape="x".join(map(str, shape)),
+                             dim=dim, coeffs="x".join(map(str, coeffs_shape or shape)), direction=direction, ms=ms,
+                             gbps=gbps, ratio=gbps / add_gbps))
+    return rows
+
+
+def print_layout_table(rows: list[dict]) -> None:
+    header = f"{'dtype':>8} {'shape':>14} {'dim':>3} {'coeffs':>14} {'dir':>3} {'ms':>9} {'GB/s':>8} {'x add':>6}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row['dtype']:>8} {row['shape']:>14} {row['dim']:>3} {row['coeffs']:>14} {row['direction']:>3} "
+            f"{row['ms']:>9.4f} {row['gbps']:>8.1f} {row['ratio']:>6.2f}"
+        )
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -101,9 +150,9 @@ def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progres
             if reference is not None and (length > MAX_REFERENCE_LENGTH[name] or inputs.numel() > MAX_REFERENCE_ELEMENTS):
                 continue
             if reference is None:
-                outputs = torch.ops.linrec.forward(inputs, coeffs, False)
-                forward = lambda: torch.ops.linrec.forward(inputs, coeffs, False)  # noqa: E731
-                backward = lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs, False)  # noqa: E731
+                outputs = torch.ops.linrec.forward(inputs, coeffs)
+                forward = lambda: torch.ops.linrec.forward(inputs, coeffs)  # noqa: E731
+                backward = lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs)  # noqa: E731
             else:
                 x, c = inputs.clone().requires_grad_(), coeffs.clone().requires_grad_()
                 outputs = reference(x, c, False)
@@ -183,6 +232,13 @@ def main(argv: list[str] | None = None) -> None:
     rows = measure(device, dtypes, shapes, progress)
     print_table(rows)
     write_outputs(rows, args.out, device)
+    layout_rows = measure_layouts(device, dtypes, progress)
+    print()
+    print_layout_table(layout_rows)
+    with (args.out / f"linrec-bench-layouts-{device.type}.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(layout_rows[0]))
+        writer.writeheader()
+        writer.writerows(layout_rows)
 
 
 if __name__ == "__main__":

@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> None:
             inputs = torch.randn(sequences, length, device=device, dtype=dtype)
             coeffs = torch.rand_like(inputs)
             d_outputs = torch.randn_like(inputs)
-            outputs = torch.ops.linrec.forward(inputs, coeffs, False)
+            outputs = torch.ops.linrec.forward(inputs, coeffs)
             add_ms = time_ms(lambda: torch.add(inputs, coeffs))
             calls = {
-                "fwd": (3, lambda *config: torch.ops.linrec.forward(inputs, coeffs, False, *config)),
-                "bwd": (5, lambda *config: torch.ops.linrec.backward(d_outputs, coeffs, outputs, False, *config)),
+                "fwd": (3, lambda *config: torch.ops.linrec.forward(inputs, coeffs, -1, False, None, None, False, *config)),
+                "bwd": (5, lambda *config: torch.ops.linrec.backward(d_outputs, coeffs, outputs, -1, False, None, None, False, *config)),
             }
             for direction, (tensors, call) in calls.items():
                 ratio = {}

@@ -7,7 +7,16 @@
 
 #include <cstdint>
 
+#include "linrec/numeric.h"
+
 namespace linrec {
+
+// A warp shuffle of any accumulator: complex values move as their two parts.
+template <typename Acc, typename Shuffle>
+__device__ __forceinline__ Acc shuffled(const Acc& value, Shuffle shuffle) {
+  if constexpr (is_complex<Acc>::value) return Acc(shuffle(value.re), shuffle(value.im));
+  else return shuffle(value);
+}
 
 template <typename Acc>
 struct Affine {  // y -> coeff * y + value
@@ -36,9 +45,17 @@ struct TileScan {
 
   // The value `delta` threads earlier in scan order, within the segment.
   template <typename Acc>
-  __device__ __forceinline__ static Acc from_earlier(Acc value, int delta) {
-    if constexpr (Reverse) return __shfl_down_sync(0xffffffffu, value, delta, kSegmentWidth);
-    else return __shfl_up_sync(0xffffffffu, value, delta, kSegmentWidth);
+  __device__ __forceinline__ static Acc from_earlier(const Acc& value, int delta) {
+    return shuffled(value, [delta](auto part) {
+      if constexpr (Reverse) return __shfl_down_sync(0xffffffffu, part, delta, kSegmentWidth);
+      else return __shfl_up_sync(0xffffffffu, part, delta, kSegmentWidth);
+    });
+  }
+
+  // The value of lane `source` of the segment.
+  template <typename Acc>
+  __device__ __forceinline__ static Acc from_lane(const Acc& value, int source) {
+    return shuffled(value, [source](auto part) { return __shfl_sync(0xffffffffu, part, source, kSegmentWidth); });
   }
 
   // Scans value[] with coeff[] in place, starting from `carry` (the output before this tile in
@@ -68,8 +85,7 @@ struct TileScan {
     Affine<Acc> exclusive{from_earlier(running.coeff, 1), from_earlier(running.value, 1)};
     if (rank == 0) exclusive = {Acc(1), Acc(0)};
     const int last_lane = Reverse ? 0 : kSegmentWidth - 1;
-    Affine<Acc> total{__shfl_sync(0xffffffffu, running.coeff, last_lane, kSegmentWidth),
-                      __shfl_sync(0xffffffffu, running.value, last_lane, kSegmentWidth)};
+    Affine<Acc> total{from_lane(running.coeff, last_lane), from_lane(running.value, last_lane)};
 
     // 3. Across the warps of one sequence: compose the earlier warps' totals.
     if constexpr (kWarpsPerSequence > 1) {

@@ -46,10 +46,17 @@ struct TileIO {
   // current one: fetch() moves global memory into registers in the strategy's order (the thread's
   // chunk for Vectorized; every ThreadsPerSequence-th element of the tile from rank on for Staged),
   // arrange() then makes it the chunk: items[i] = row[tile_begin + rank * Items + i], fill past length.
+  // A broadcast row (time stride 0) has one element for every time step: items[i] = row[0].
   template <typename Acc>
-  __device__ __forceinline__ void fetch(const T* row, int64_t tile_begin, int64_t length, Acc (&items)[Items],
-                                        Acc fill) const {
-    if constexpr (Mode == Access::Vectorized) {
+  __device__ __forceinline__ void fetch(const T* row, bool broadcast, int64_t tile_begin, int64_t length,
+                                        Acc (&items)[Items], Acc fill) const {
+    if (broadcast) {
+      const int64_t begin = tile_begin + (Mode == Access::Vectorized ? static_cast<int64_t>(rank) * Items : rank);
+      const int64_t step = Mode == Access::Vectorized ? 1 : ThreadsPerSequence;
+      const Acc value = begin < length ? static_cast<Acc>(row[0]) : fill;
+      #pragma unroll
+      for (int i = 0; i < Items; ++i) items[i] = begin + i * step < length ? value : fill;
+    } else if constexpr (Mode == Access::Vectorized) {
       constexpr int kPerVector = 16 / sizeof(T);
       static_assert(Items % kPerVector == 0, "vectorized chunks are whole 16-byte vectors");
       const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
@@ -124,8 +131,8 @@ struct TileIO {
 
 // One element, or `fill` outside [0, length): the neighbour a shifted (backward) access needs.
 template <typename T, typename Acc>
-__device__ __forceinline__ Acc load_one(const T* row, int64_t index, int64_t length, Acc fill) {
-  return index >= 0 && index < length ? static_cast<Acc>(row[index]) : fill;
+__device__ __forceinline__ Acc load_one(const T* row, bool broadcast, int64_t index, int64_t length, Acc fill) {
+  return index >= 0 && index < length ? static_cast<Acc>(row[broadcast ? 0 : index]) : fill;
 }
 
 }  // namespace linrec

@@ -31,15 +31,34 @@ inline const char* dtype_name(DType dtype) {
 // dims and fusing dims that every operand steps through evenly); tensors needing more are refused.
 constexpr int kMaxBatchDims = 8;
 
+// A batch row's multi-index over the batch dims.
+struct BatchIndex {
+  int64_t index[kMaxBatchDims] = {};
+};
+
 // The batch dims the sequences are numbered over, outermost first: sequence row r has the
 // multi-index of r in sizes[0..num_dims) (row-major, the last dim fastest).
 struct BatchShape {
   int num_dims = 0;
   int64_t sizes[kMaxBatchDims] = {};
-  int64_t num_rows() const {
+
+  LINREC_HOST_DEVICE int64_t num_rows() const {
     int64_t rows = 1;
     for (int d = 0; d < num_dims; ++d) rows *= sizes[d];
     return rows;
+  }
+
+  // Computed once per row and shared by all operands: the divisions are the costly part.
+  LINREC_HOST_DEVICE BatchIndex unravel(int64_t row) const {
+    BatchIndex result;
+#pragma unroll
+    for (int d = kMaxBatchDims - 1; d >= 0; --d) {
+      if (d < num_dims) {
+        result.index[d] = row % sizes[d];
+        row /= sizes[d];
+      }
+    }
+    return result;
   }
 };
 
@@ -49,24 +68,15 @@ struct Operand {
   void* data = nullptr;
   int64_t time_stride = 0;
   int64_t segment_stride = 0;  // between packed sequences' initial states (cu_seqlens), else 0
-  int64_t strides[kMaxBatchDims] = {};
+  int64_t strides[kMaxBatchDims] = {};  // 0 past the shape's num_dims
 
-  // The offset of batch row `row`; the strides of dims past shape.num_dims are never read.
-  LINREC_HOST_DEVICE int64_t offset(const BatchShape& shape, int64_t row) const {
-    int64_t result = 0;
-#pragma unroll
-    for (int d = kMaxBatchDims - 1; d >= 0; --d) {
-      if (d < shape.num_dims) {
-        result += row % shape.sizes[d] * strides[d];
-        row /= shape.sizes[d];
-      }
-    }
-    return result;
-  }
-
+  // The first element of the batch row at `row` (time index 0).
   template <typename T>
-  LINREC_HOST_DEVICE T* row(const BatchShape& shape, int64_t row_index) const {
-    return static_cast<T*>(data) + offset(shape, row_index);
+  LINREC_HOST_DEVICE T* at(const BatchIndex& row) const {
+    int64_t offset = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxBatchDims; ++d) offset += row.index[d] * strides[d];
+    return static_cast<T*>(data) + offset;
   }
 };
 
@@ -85,14 +95,17 @@ struct SequenceLayout {
   int threads_per_sequence = 0;
   int vectors_per_thread = 0;
 
-  int64_t num_rows() const { return shape.num_rows(); }
-  int64_t numel() const { return num_rows() * seq_len; }
+  LINREC_HOST_DEVICE int64_t num_rows() const { return shape.num_rows(); }
+  LINREC_HOST_DEVICE int64_t numel() const { return num_rows() * seq_len; }
 
-  // Where packed sequence `segment` begins and ends along time.
+  // Where packed sequence `segment` begins (and segment - 1 ends) along time. Clamped into
+  // [0, seq_len]: offsets that were not checked (CUDA ones under torch.compile) cannot send a kernel
+  // outside the tensors.
   LINREC_HOST_DEVICE int64_t boundary(int64_t segment) const {
     if (cu_seqlens == nullptr) return segment == 0 ? 0 : seq_len;
-    return cu_seqlens_int64 ? static_cast<const int64_t*>(cu_seqlens)[segment]
-                            : static_cast<const int32_t*>(cu_seqlens)[segment];
+    const int64_t value = cu_seqlens_int64 ? static_cast<const int64_t*>(cu_seqlens)[segment]
+                                           : static_cast<const int32_t*>(cu_seqlens)[segment];
+    return value < 0 ? 0 : value > seq_len ? seq_len : value;
   }
 };
 

@@ -24,11 +24,11 @@ LINREC_HOST_DEVICE void sequential_scan_forward(const ForwardParams& params, con
   T* outputs[Lanes];
   Acc state[Lanes];
   for (int k = 0; k < Lanes; ++k) {
-    inputs[k] = params.inputs.row<const T>(params.shape, rows[k]);
-    coeffs[k] = params.coeffs.row<const T>(params.shape, rows[k]);
-    outputs[k] = params.outputs.row<T>(params.shape, rows[k]);
-    state[k] = has_initial ? static_cast<Acc>(params.initial.row<const T>(params.shape, rows[k])
-                                                  [segment * params.initial.segment_stride])
+    const BatchIndex row = params.shape.unravel(rows[k]);
+    inputs[k] = params.inputs.at<const T>(row);
+    coeffs[k] = params.coeffs.at<const T>(row);
+    outputs[k] = params.outputs.at<T>(row);
+    state[k] = has_initial ? static_cast<Acc>(params.initial.at<const T>(row)[segment * params.initial.segment_stride])
                            : Acc(0);
   }
   const int64_t step = params.reverse ? -1 : 1;
@@ -56,14 +56,19 @@ LINREC_HOST_DEVICE void sequential_scan_backward(const BackwardParams& params, c
   const T* outputs[Lanes];
   T* d_inputs[Lanes];
   T* d_coeffs[Lanes];
+  const T* initial[Lanes];  // this packed sequence's initial state, if any
+  T* d_initial[Lanes];
   Acc d_state[Lanes];
   Acc next_coeff[Lanes];  // conj(coeffs) one step later in the forward scan; nothing follows the last
   for (int k = 0; k < Lanes; ++k) {
-    d_outputs[k] = params.d_outputs.row<const T>(params.shape, rows[k]);
-    coeffs[k] = params.coeffs.row<const T>(params.shape, rows[k]);
-    outputs[k] = params.outputs.row<const T>(params.shape, rows[k]);
-    d_inputs[k] = params.d_inputs.row<T>(params.shape, rows[k]);
-    d_coeffs[k] = params.d_coeffs.row<T>(params.shape, rows[k]);
+    const BatchIndex row = params.shape.unravel(rows[k]);
+    d_outputs[k] = params.d_outputs.at<const T>(row);
+    coeffs[k] = params.coeffs.at<const T>(row);
+    outputs[k] = params.outputs.at<const T>(row);
+    d_inputs[k] = params.d_inputs.at<T>(row);
+    d_coeffs[k] = params.d_coeffs.at<T>(row);
+    initial[k] = has_initial ? params.initial.at<const T>(row) + segment * params.initial.segment_stride : nullptr;
+    d_initial[k] = has_initial ? params.d_initial.at<T>(row) + segment * params.d_initial.segment_stride : nullptr;
     d_state[k] = next_coeff[k] = Acc(0);
   }
   // Walk against the forward scan: from its last element towards its first.
@@ -79,8 +84,7 @@ LINREC_HOST_DEVICE void sequential_scan_backward(const BackwardParams& params, c
       Acc d_coeff = Acc(0);
       if (has_prev || has_initial) {
         const Acc prev = has_prev ? static_cast<Acc>(outputs[k][(t + step) * params.outputs.time_stride])
-                                  : static_cast<Acc>(params.initial.row<const T>(params.shape, rows[k])
-                                                         [segment * params.initial.segment_stride]);
+                                  : static_cast<Acc>(*initial[k]);
         d_coeff = d_state[k] * conj(prev);
         if (params.log_coeffs) d_coeff = d_coeff * coeff;  // d/d(log c) = c * d/dc
       }
@@ -90,8 +94,7 @@ LINREC_HOST_DEVICE void sequential_scan_backward(const BackwardParams& params, c
   }
   if (has_initial)
     for (int k = 0; k < Lanes; ++k)
-      params.d_initial.row<T>(params.shape, rows[k])[segment * params.d_initial.segment_stride] =
-          static_cast<T>(length > 0 ? next_coeff[k] * d_state[k] : Acc(0));
+      *d_initial[k] = static_cast<T>(length > 0 ? next_coeff[k] * d_state[k] : Acc(0));
 }
 
 }  // namespace linrec
