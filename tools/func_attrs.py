@@ -21,10 +21,18 @@ import sys
 from pathlib import Path
 
 CONFIG = re.compile(
-    r"pipe_(?P<direction>forward|backward)_kernel<(?P<dtype>[\w:]+), .*PipeConfig\{(?P<threads>\d+), (?P<vectors>\d+), "
+    r"pipe_(?P<direction>forward|backward)_kernel<(?P<dtype>[\w:<>]+), .*PipeConfig\{(?P<threads>\d+), (?P<vectors>\d+), "
     r"(?P<reverse>true|false), \(linrec::Access\)(?P<access>\d)\}"
 )
-DTYPES = {"float": "float32", "double": "float64", "__half": "float16", "__nv_bfloat16": "bfloat16"}
+SEQUENTIAL = re.compile(r"sequential_(?P<direction>forward|backward)_kernel<(?P<dtype>.+?)\s*>\(")
+DTYPES = {
+    "float": "float32",
+    "double": "float64",
+    "__half": "float16",
+    "__nv_bfloat16": "bfloat16",
+    "linrec::Complex<float>": "complex64",
+    "linrec::Complex<double>": "complex128",
+}
 ACCESS = {"0": "vectorized", "1": "staged"}  # linrec::Access, csrc/include/linrec/memio.h
 
 
@@ -65,7 +73,7 @@ def main() -> None:
             name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
             rows.append((arch, name, usage))
             mangled = None
-    print(f"{'arch':<7} {'kernel':<8} {'dtype':<8} {'threads':>7} {'vectors':>7} {'reverse':>7} {'access':>10} "
+    print(f"{'arch':<7} {'kernel':<8} {'dtype':<10} {'threads':>7} {'vectors':>7} {'reverse':>7} {'access':>10} "
           f"{'REG':>4} {'STACK':>5} {'LOCAL':>5} {'SHARED':>6}")
     def order(row):
         match = CONFIG.search(row[1])
@@ -74,13 +82,18 @@ def main() -> None:
 
     spilling = 0
     for arch, name, usage in sorted(rows, key=order):
+        spilling += usage["STACK"] != "0" or usage["LOCAL"] != "0"
         match = CONFIG.search(name)
         if not match:
-            print(f"{arch:<7} {name}: REG {usage['REG']} STACK {usage['STACK']} LOCAL {usage['LOCAL']}")
+            sequential = SEQUENTIAL.search(name)
+            if sequential:  # one thread per sequence: no tile config
+                print(f"{arch:<7} {sequential['direction']:<8} {DTYPES.get(sequential['dtype'], sequential['dtype']):<10} "
+                      f"{'sequential':>44} {usage['REG']:>4} {usage['STACK']:>5} {usage['LOCAL']:>5} {usage['SHARED']:>6}")
+            else:
+                print(f"{arch:<7} {name}: REG {usage['REG']} STACK {usage['STACK']} LOCAL {usage['LOCAL']}")
             continue
-        spilling += usage["STACK"] != "0" or usage["LOCAL"] != "0"
         print(
-            f"{arch:<7} {match['direction']:<8} {DTYPES.get(match['dtype'], match['dtype']):<8} {match['threads']:>7} "
+            f"{arch:<7} {match['direction']:<8} {DTYPES.get(match['dtype'], match['dtype']):<10} {match['threads']:>7} "
             f"{match['vectors']:>7} {match['reverse']:>7} {ACCESS[match['access']]:>10} {usage['REG']:>4} {usage['STACK']:>5} "
             f"{usage['LOCAL']:>5} {usage['SHARED']:>6}"
         )

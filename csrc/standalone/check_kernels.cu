@@ -135,21 +135,6 @@ struct Operands {
   std::vector<U> inputs, coeffs, initial, d_outputs;
 };
 
-// Lays the params over the operands' buffers: strides from the case, pointers from `data`.
-template <typename Params>
-void describe_layout(Params& params, const Case& c, const std::vector<int64_t>& offsets) {
-  params.shape.num_dims = 1;
-  params.shape.sizes[0] = c.rows;
-  params.seq_len = c.seq_len;
-  params.reverse = c.reverse;
-  params.log_coeffs = c.log_coeffs;
-  if (c.packed > 1) {
-    params.cu_seqlens = offsets.data();
-    params.cu_seqlens_int64 = true;
-    params.num_segments = c.packed;
-  }
-}
-
 linrec::Operand full(const Case& c, void* data) {
   linrec::Operand operand{data};
   operand.time_stride = c.channels_innermost ? c.rows : 1;
@@ -171,31 +156,37 @@ linrec::Operand state(const Case& c, void* data) {
   return operand;
 }
 
-// Runs the host reference (sequential_scan.h) over every row and packed sequence.
-template <typename W>
-void reference(const Case& c, const std::vector<int64_t>& offsets, Operands<W>& in, std::vector<W>& outputs,
-               std::vector<W>& d_inputs, std::vector<W>& d_coeffs, std::vector<W>& d_initial) {
-  linrec::ForwardParams forward;
-  describe_layout(forward, c, offsets);
-  forward.inputs = full(c, in.inputs.data());
-  forward.coeffs = coefficients(c, in.coeffs.data());
-  forward.outputs = full(c, outputs.data());
-  if (c.initial) forward.initial = state(c, in.initial.data());
-  linrec::BackwardParams backward;
+// Where one run's operands live (host vectors for the reference, device buffers for the kernels).
+struct Buffers {
+  const int64_t* offsets;
+  void *inputs, *coeffs, *initial, *d_outputs, *outputs, *d_inputs, *d_coeffs, *d_initial;
+};
+
+// The params of the case over `buffers`: strides from the case, pointers from the buffers.
+void build_params(const Case& c, const Buffers& buffers, linrec::ForwardParams& forward,
+                  linrec::BackwardParams& backward) {
+  forward.shape.num_dims = 1;
+  forward.shape.sizes[0] = c.rows;
+  forward.seq_len = c.seq_len;
+  forward.reverse = c.reverse;
+  forward.log_coeffs = c.log_coeffs;
+  if (c.packed > 1) {
+    forward.cu_seqlens = buffers.offsets;
+    forward.cu_seqlens_int64 = true;
+    forward.num_segments = c.packed;
+  }
+  forward.inputs = full(c, buffers.inputs);
+  forward.coeffs = coefficients(c, buffers.coeffs);
+  forward.outputs = full(c, buffers.outputs);
+  if (c.initial) forward.initial = state(c, buffers.initial);
   static_cast<linrec::SequenceLayout&>(backward) = forward;
-  backward.d_outputs = full(c, in.d_outputs.data());
+  backward.d_outputs = full(c, buffers.d_outputs);
   backward.coeffs = forward.coeffs;
   backward.outputs = forward.outputs;
   backward.initial = forward.initial;
-  backward.d_inputs = full(c, d_inputs.data());
-  backward.d_coeffs = full(c, d_coeffs.data());
-  if (c.initial) backward.d_initial = state(c, d_initial.data());
-  for (int64_t segment = 0; segment < c.packed; ++segment)
-    for (int64_t row = 0; row < c.rows; ++row) {
-      const int64_t rows[1] = {row};
-      linrec::sequential_scan_forward<1, W>(forward, rows, segment);
-      linrec::sequential_scan_backward<1, W>(backward, rows, segment);
-    }
+  backward.d_inputs = full(c, buffers.d_inputs);
+  backward.d_coeffs = full(c, buffers.d_coeffs);
+  if (c.initial) backward.d_initial = state(c, buffers.d_initial);
 }
 
 template <typename T>
@@ -219,7 +210,17 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
   for (const T& v : in.initial) wide.initial.push_back(widen(v));
   for (const T& v : in.d_outputs) wide.d_outputs.push_back(widen(v));
   std::vector<W> outputs(count), d_inputs(count), d_coeffs(count), d_initial(states);
-  reference(c, offsets, wide, outputs, d_inputs, d_coeffs, d_initial);
+  linrec::ForwardParams forward;
+  linrec::BackwardParams backward;
+  build_params(c, {offsets.data(), wide.inputs.data(), wide.coeffs.data(), wide.initial.data(), wide.d_outputs.data(),
+                   outputs.data(), d_inputs.data(), d_coeffs.data(), d_initial.data()},
+               forward, backward);
+  for (int64_t segment = 0; segment < c.packed; ++segment)  // the host reference, sequential_scan.h
+    for (int64_t row = 0; row < c.rows; ++row) {
+      const int64_t rows[1] = {row};
+      linrec::sequential_scan_forward<1, W>(forward, rows, segment);
+      linrec::sequential_scan_backward<1, W>(backward, rows, segment);
+    }
 
   auto device_offsets = upload(offsets);
   auto device_inputs = upload(in.inputs), device_coeffs = upload(in.coeffs), device_initial = upload(in.initial);
@@ -227,26 +228,12 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
   auto device_outputs = allocate<T>(count), device_d_inputs = allocate<T>(count), device_d_coeffs = allocate<T>(count);
   auto device_d_initial = allocate<T>(states);
   LINREC_CUDA_CHECK(cudaMemset(device_d_initial.get(), 0, states * sizeof(T)));  // as the op layer allocates it
-
-  linrec::ForwardParams forward;
-  describe_layout(forward, c, offsets);
-  forward.cu_seqlens = c.packed > 1 ? device_offsets.get() : nullptr;
-  forward.dtype = dtype;
-  forward.inputs = full(c, device_inputs.get());
-  forward.coeffs = coefficients(c, device_coeffs.get());
-  forward.outputs = full(c, device_outputs.get());
-  if (c.initial) forward.initial = state(c, device_initial.get());
+  build_params(c, {device_offsets.get(), device_inputs.get(), device_coeffs.get(), device_initial.get(),
+                   device_d_outputs.get(), device_outputs.get(), device_d_inputs.get(), device_d_coeffs.get(),
+                   device_d_initial.get()},
+               forward, backward);
+  forward.dtype = backward.dtype = dtype;
   linrec::cuda::launch_forward(forward, nullptr);
-
-  linrec::BackwardParams backward;
-  static_cast<linrec::SequenceLayout&>(backward) = forward;
-  backward.d_outputs = full(c, device_d_outputs.get());
-  backward.coeffs = forward.coeffs;
-  backward.outputs = forward.outputs;
-  backward.initial = forward.initial;
-  backward.d_inputs = full(c, device_d_inputs.get());
-  backward.d_coeffs = full(c, device_d_coeffs.get());
-  if (c.initial) backward.d_initial = state(c, device_d_initial.get());
   linrec::cuda::launch_backward(backward, nullptr);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());
 

@@ -74,17 +74,6 @@ def measure_layouts(device: torch.device, dtypes: Iterable[torch.dtype], progres
     return rows
 
 
-def print_layout_table(rows: list[dict]) -> None:
-    header = f"{'dtype':>8} {'shape':>14} {'dim':>3} {'coeffs':>14} {'dir':>3} {'ms':>9} {'GB/s':>8} {'x add':>6}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['dtype']:>8} {row['shape']:>14} {row['dim']:>3} {row['coeffs']:>14} {row['direction']:>3} "
-            f"{row['ms']:>9.4f} {row['gbps']:>8.1f} {row['ratio']:>6.2f}"
-        )
-
-
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     """Median milliseconds per call, after warm-up. On the GPU, the median of three separate
     measurements: a single one of a kernel of a few microseconds was seen 25% off in either direction."""
@@ -165,15 +154,19 @@ def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progres
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    header = f"{'dtype':>8} {'seqs':>8} {'len':>6} {'impl':>10} {'dir':>3} {'ms':>9} {'GB/s':>8} {'x add':>6}"
+#: Printed columns: (CSV key, header, format spec).
+TABLE_COLUMNS = [("dtype", "dtype", ">8"), ("sequences", "seqs", ">8"), ("length", "len", ">6"), ("impl", "impl", ">10")]
+LAYOUT_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "shape", ">14"), ("dim", "dim", ">3"), ("coeffs", "coeffs", ">14")]
+TIMING_COLUMNS = [("direction", "dir", ">3"), ("ms", "ms", ">9.4f"), ("gbps", "GB/s", ">8.1f"), ("ratio", "x add", ">6.2f")]
+
+
+def print_table(rows: list[dict], columns=TABLE_COLUMNS) -> None:
+    columns = columns + TIMING_COLUMNS
+    header = " ".join(f"{title:{spec.split('.')[0]}}" for _, title, spec in columns)
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(
-            f"{row['dtype']:>8} {row['sequences']:>8} {row['length']:>6} {row['impl']:>10} {row['direction']:>3} "
-            f"{row['ms']:>9.4f} {row['gbps']:>8.1f} {row['ratio']:>6.2f}"
-        )
+        print(" ".join(f"{row[key]:{spec}}" for key, _, spec in columns))
 
 
 def write_outputs(rows: list[dict], out_dir: Path, device: torch.device) -> None:
@@ -234,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     write_outputs(rows, args.out, device)
     layout_rows = measure_layouts(device, dtypes, progress)
     print()
-    print_layout_table(layout_rows)
+    print_table(layout_rows, LAYOUT_COLUMNS)
     with (args.out / f"linrec-bench-layouts-{device.type}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(layout_rows[0]))
         writer.writeheader()
