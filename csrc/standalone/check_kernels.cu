@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "linrec/cuda_launch.h"
@@ -57,7 +58,8 @@ using Wide = std::conditional_t<linrec::is_complex<T>::value, Complex<double>, d
 template <typename T>
 Wide<T> widen(const T& value) {
   if constexpr (linrec::is_complex<T>::value) return {double(value.re), double(value.im)};
-  else return static_cast<double>(static_cast<float>(value));
+  else if constexpr (std::is_same_v<T, double>) return value;
+  else return static_cast<double>(static_cast<float>(value));  // 16-bit types convert through float
 }
 
 // Inputs ~ N(0, 1); coefficients ~ U(-0.7, 0.7) (|c| < 1 in complex too), or their logs in (-1.5, -0.1).

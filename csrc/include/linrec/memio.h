@@ -14,6 +14,12 @@ namespace linrec {
 
 enum class Access : int8_t { Vectorized, Staged };
 
+// The time stride of a contiguous row, known at compile time (std::integral_constant's conversion
+// is host-only).
+struct UnitStride {
+  __host__ __device__ constexpr operator int64_t() const { return 1; }
+};
+
 inline const char* access_name(Access access) { return access == Access::Vectorized ? "vectorized" : "staged"; }
 
 template <typename T, int ThreadsPerSequence, int BlockThreads, int Items, Access Mode>
@@ -46,17 +52,14 @@ struct TileIO {
   // current one: fetch() moves global memory into registers in the strategy's order (the thread's
   // chunk for Vectorized; every ThreadsPerSequence-th element of the tile from rank on for Staged),
   // arrange() then makes it the chunk: items[i] = row[tile_begin + rank * Items + i], fill past length.
-  // A broadcast row (time stride 0) has one element for every time step: items[i] = row[0].
-  template <typename Acc>
-  __device__ __forceinline__ void fetch(const T* row, bool broadcast, int64_t tile_begin, int64_t length,
+  // time_stride is 1 or, for a row broadcast along time (one element for every step), 0: a runtime
+  // value only in the kernels compiled for broadcast operands (Staged); the others pass UnitStride,
+  // a compile-time 1, which keeps the loads' offsets immediate (a runtime stride costs the
+  // 16-bit staged backward half its speed).
+  template <typename Acc, typename Stride>
+  __device__ __forceinline__ void fetch(const T* row, Stride time_stride, int64_t tile_begin, int64_t length,
                                         Acc (&items)[Items], Acc fill) const {
-    if (broadcast) {
-      const int64_t begin = tile_begin + (Mode == Access::Vectorized ? static_cast<int64_t>(rank) * Items : rank);
-      const int64_t step = Mode == Access::Vectorized ? 1 : ThreadsPerSequence;
-      const Acc value = begin < length ? static_cast<Acc>(row[0]) : fill;
-      #pragma unroll
-      for (int i = 0; i < Items; ++i) items[i] = begin + i * step < length ? value : fill;
-    } else if constexpr (Mode == Access::Vectorized) {
+    if constexpr (Mode == Access::Vectorized) {
       constexpr int kPerVector = 16 / sizeof(T);
       static_assert(Items % kPerVector == 0, "vectorized chunks are whole 16-byte vectors");
       const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
@@ -76,7 +79,7 @@ struct TileIO {
       #pragma unroll
       for (int k = 0; k < Items; ++k) {
         const int64_t index = tile_begin + rank + k * ThreadsPerSequence;
-        items[k] = index < length ? static_cast<Acc>(row[index]) : fill;
+        items[k] = index < length ? static_cast<Acc>(row[index * time_stride]) : fill;
       }
     }
   }
@@ -130,9 +133,9 @@ struct TileIO {
 };
 
 // One element, or `fill` outside [0, length): the neighbour a shifted (backward) access needs.
-template <typename T, typename Acc>
-__device__ __forceinline__ Acc load_one(const T* row, bool broadcast, int64_t index, int64_t length, Acc fill) {
-  return index >= 0 && index < length ? static_cast<Acc>(row[broadcast ? 0 : index]) : fill;
+template <typename T, typename Acc, typename Stride>
+__device__ __forceinline__ Acc load_one(const T* row, Stride time_stride, int64_t index, int64_t length, Acc fill) {
+  return index >= 0 && index < length ? static_cast<Acc>(row[index * time_stride]) : fill;
 }
 
 }  // namespace linrec

@@ -48,16 +48,25 @@ struct BatchShape {
     return rows;
   }
 
-  // Computed once per row and shared by all operands: the divisions are the costly part.
+  // Computed once per row and shared by all operands: the divisions are the costly part (a kernel
+  // over short sequences spends a noticeable share of its time here). The outermost dim needs none,
+  // so the common single batch dim costs nothing; the others divide in 32 bits where that is exact.
   LINREC_HOST_DEVICE BatchIndex unravel(int64_t row) const {
     BatchIndex result;
 #pragma unroll
-    for (int d = kMaxBatchDims - 1; d >= 0; --d) {
+    for (int d = kMaxBatchDims - 1; d >= 1; --d) {
       if (d < num_dims) {
-        result.index[d] = row % sizes[d];
-        row /= sizes[d];
+        if ((static_cast<uint64_t>(row) | static_cast<uint64_t>(sizes[d])) >> 32 == 0) {
+          const uint32_t row32 = static_cast<uint32_t>(row), size32 = static_cast<uint32_t>(sizes[d]);
+          result.index[d] = row32 % size32;
+          row = row32 / size32;
+        } else {
+          result.index[d] = row % sizes[d];
+          row /= sizes[d];
+        }
       }
     }
+    result.index[0] = row;
     return result;
   }
 };

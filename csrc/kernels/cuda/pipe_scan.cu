@@ -24,13 +24,15 @@ struct PipeConfig {
   int vectors_per_thread;
   bool reverse;
   Access access;  // Vectorized needs 16-byte aligned rows and pointers; Staged takes any alignment
+  bool broadcast = false;  // an operand it reads is broadcast along time (time stride 0); Staged only
   constexpr bool operator==(const PipeConfig&) const = default;
 };
 
 inline std::string describe(const PipeConfig& config) {
   return "{threads_per_sequence=" + std::to_string(config.threads_per_sequence) +
          ", vectors_per_thread=" + std::to_string(config.vectors_per_thread) +
-         ", reverse=" + std::to_string(config.reverse) + ", access=" + access_name(config.access) + "}";
+         ", reverse=" + std::to_string(config.reverse) + ", access=" + access_name(config.access) +
+         ", broadcast=" + std::to_string(config.broadcast) + "}";
 }
 
 namespace cuda {
@@ -41,12 +43,18 @@ namespace {
 // tiles measured no faster on an H100 (python -m linrec.tune, docs/benchmarks.md).
 constexpr std::array<std::array<int, 2>, 7> kTileShapes{{{2, 1}, {4, 1}, {8, 1}, {16, 1}, {32, 1}, {32, 2}, {64, 2}}};
 
+// Operands broadcast along time (one coefficient per row, or an expanded gradient) are rare enough
+// for one tile shape: the largest, Staged, whatever the length.
+constexpr std::array<int, 2> kBroadcastTileShape = kTileShapes.back();
+
 constexpr auto kPipeConfigs = [] {
-  std::array<PipeConfig, kTileShapes.size() * 4> configs{};
+  std::array<PipeConfig, kTileShapes.size() * 4 + 2> configs{};
   int n = 0;
   for (const auto& [threads, vectors] : kTileShapes)
     for (bool reverse : {false, true})
       for (Access access : {Access::Vectorized, Access::Staged}) configs[n++] = PipeConfig{threads, vectors, reverse, access};
+  for (bool reverse : {false, true})
+    configs[n++] = PipeConfig{kBroadcastTileShape[0], kBroadcastTileShape[1], reverse, Access::Staged, true};
   return configs;
 }();
 
@@ -72,6 +80,16 @@ __host__ __device__ constexpr int items_per_vector() { return 16 / sizeof(T); }
 // thread in float registers then cost occupancy (bfloat16 backward 0.94 -> 0.74).
 template <typename T>
 constexpr bool kPrefetch = sizeof(T) >= sizeof(float);
+
+// Coefficients given as logs (log_coeffs) become the coefficients. Called under one branch per
+// tile rather than per item, so that the exponentials are not evaluated when the flag is off.
+template <typename Acc, int Items>
+__device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
+  if constexpr (!is_complex<Acc>::value) {
+    #pragma unroll
+    for (int i = 0; i < Items; ++i) coeff[i] = exp(coeff[i]);
+  }
+}
 
 // What both pipe kernels share: the thread's sequence and rank in the sequence's segment, the order
 // of the tiles, and the scan and memory primitives with their shared memory. ScanReverse is the
@@ -117,10 +135,16 @@ struct PipeThread {
     return operand.at<Element>(batch_row);
   }
 
-  // fetch() of a row of `operand`, contiguous or broadcast along time.
+  // The time stride of an operand this kernel reads: 1 at compile time, unless compiled for broadcast rows.
+  __device__ __forceinline__ static auto time_stride(const Operand& operand) {
+    if constexpr (Config.broadcast) return operand.time_stride;
+    else return UnitStride{};
+  }
+
+  // fetch() of a row of `operand`.
   __device__ __forceinline__ void fetch(const Operand& operand, const T* row, int64_t step, Acc (&items)[kItems],
                                         Acc fill) const {
-    io.fetch(row, operand.time_stride == 0, tile_begin(step), length, items, fill);
+    io.fetch(row, time_stride(operand), tile_begin(step), length, items, fill);
   }
 
   // The first element of the tile the scan reaches at `step`.
@@ -167,12 +191,16 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     if constexpr (!kPrefetch<T>) fetch_tile(step, value, coeff);
     io.arrange(value);
     io.arrange(coeff);
-    #pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      coeff[i] = coefficient(coeff[i], params.log_coeffs);
-      if (begin + i == first) {  // outputs[first] = coeffs[first] * initial + inputs[first]
-        if (has_initial) value[i] = coeff[i] * initial + value[i];
-        coeff[i] = Acc(0);  // without an initial state, whatever the coefficient (NaN and Inf too)
+    // One uniform branch per tile for the flag, one for the single chunk holding the first element:
+    // branches per item cost the loop a fifth of its speed.
+    if (params.log_coeffs) exponentiate(coeff);
+    if (begin <= first && first < begin + kItems) {
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if (begin + i == first) {  // outputs[first] = coeffs[first] * initial + inputs[first]
+          if (has_initial) value[i] = coeff[i] * initial + value[i];
+          coeff[i] = Acc(0);  // without an initial state, whatever the coefficient (NaN and Inf too)
+        }
       }
     }
     Acc next_value[kItems], next_coeff[kItems];
@@ -210,7 +238,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   const int64_t first = kForwardReverse ? params.seq_len - 1 : 0;  // the forward op's first element
   const bool has_initial = params.initial.data != nullptr;
   const Acc initial = has_initial && thread.active ? static_cast<Acc>(*thread.template row<const T>(params.initial)) : Acc(0);
-  const bool coeffs_broadcast = params.coeffs.time_stride == 0;
+  T* const d_initial = has_initial && thread.active ? thread.row(params.d_initial) : nullptr;
 
   const int64_t num_tiles = thread.num_tiles;
   const int64_t rank_offset = static_cast<int64_t>(thread.rank) * kItems;
@@ -224,14 +252,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     thread.fetch(params.coeffs, coeffs, step, coeff_items, Acc(0));
     thread.fetch(params.outputs, outputs, step, output_items, Acc(0));
     const int64_t begin = thread.tile_begin(step) + rank_offset;
-    next_coeff_after = load_one(coeffs, coeffs_broadcast, kForwardReverse ? begin - 1 : begin + kItems, length, Acc(0));
-    next_output_before = load_one(outputs, false, kForwardReverse ? begin + kItems : begin - 1, length, Acc(0));
+    next_coeff_after = load_one(coeffs, Thread::time_stride(params.coeffs), kForwardReverse ? begin - 1 : begin + kItems, length, Acc(0));
+    next_output_before = load_one(outputs, UnitStride{}, kForwardReverse ? begin + kItems : begin - 1, length, Acc(0));
   };
 
   Acc value[kItems], coeff[kItems], output[kItems], coeff_after, output_before;
   if constexpr (kPrefetch<T>) fetch_tile(0, value, coeff, output, coeff_after, output_before);
   Acc carry = Acc(0);
-  Acc first_coeff = Acc(0);  // coeffs[first], kept by the thread whose chunk holds it
+  Acc first_coeff = Acc(0);  // coeffs[first], kept by the thread whose chunk holds it for d_initial
   for (int64_t step = 0; step < num_tiles; ++step) {
     const int64_t tile_begin = thread.tile_begin(step);
     const int64_t begin = tile_begin + rank_offset;  // this thread's chunk
@@ -241,19 +269,30 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     io.arrange(output);
     // shifted_coeff: conj of the next coefficient in the forward direction; prev_output: the factor
     // that turns d_inputs into d_coeffs, conj(previous output) (times the coefficient with log_coeffs).
+    if (params.log_coeffs) {
+      exponentiate(coeff);
+      coeff_after = coefficient(coeff_after, true);
+    }
     Acc shifted_coeff[kItems], prev_output[kItems];
     #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int next = kForwardReverse ? i - 1 : i + 1, prev = kForwardReverse ? i + 1 : i - 1;
-      const Acc next_stored = next >= 0 && next < kItems ? coeff[next] : coeff_after;
-      shifted_coeff[i] = conj(coefficient(next_stored, params.log_coeffs));
-      const Acc own = coefficient(coeff[i], params.log_coeffs);
-      Acc before = prev >= 0 && prev < kItems ? output[prev] : output_before;
-      if (begin + i == first) {
-        before = initial;
-        first_coeff = own;
+      shifted_coeff[i] = conj(next >= 0 && next < kItems ? coeff[next] : coeff_after);
+      prev_output[i] = conj(prev >= 0 && prev < kItems ? output[prev] : output_before);
+    }
+    const bool owns_first = begin <= first && first < begin + kItems;  // one chunk of one tile
+    if (owns_first) {
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if (begin + i == first) {
+          prev_output[i] = conj(initial);
+          first_coeff = coeff[i];
+        }
       }
-      prev_output[i] = params.log_coeffs ? conj(before) * own : conj(before);
+    }
+    if (params.log_coeffs) {  // d/d(log c) = c * d/dc
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) prev_output[i] = prev_output[i] * coeff[i];
     }
     // coeff and output are consumed above: they take the next tile's values.
     Acc next_value[kItems];
@@ -261,10 +300,15 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
       if (step + 1 < num_tiles) fetch_tile(step + 1, next_value, coeff, output, coeff_after, output_before);
     thread.scan(value, shifted_coeff, carry);
     #pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      const bool is_first = begin + i == first;
-      if (is_first && has_initial && thread.active) *thread.row(params.d_initial) = static_cast<T>(conj(first_coeff) * value[i]);
-      prev_output[i] = is_first && !has_initial ? Acc(0) : value[i] * prev_output[i];
+    for (int i = 0; i < kItems; ++i) prev_output[i] = value[i] * prev_output[i];
+    if (owns_first) {
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if (begin + i == first) {
+          if (d_initial != nullptr) *d_initial = static_cast<T>(conj(first_coeff) * value[i]);
+          if (!has_initial) prev_output[i] = Acc(0);  // no predecessor: the coefficient takes no part
+        }
+      }
     }
     io.store(d_inputs, tile_begin, length, value);
     io.store(d_coeffs, tile_begin, length, prev_output);
@@ -277,10 +321,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
 
 bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
-// Whether every row of `operand` starts on a 16-byte boundary (a broadcast one is read an element at a time).
+// Whether every row of `operand` starts on a 16-byte boundary.
 template <typename T>
 bool rows_aligned(const SequenceLayout& layout, const Operand& operand) {
-  if (operand.time_stride == 0) return true;
   bool aligned = is_aligned(operand.data);
   for (int d = 0; d < layout.shape.num_dims; ++d)
     aligned = aligned && operand.strides[d] * static_cast<int64_t>(sizeof(T)) % 16 == 0;
@@ -288,10 +331,20 @@ bool rows_aligned(const SequenceLayout& layout, const Operand& operand) {
 }
 
 // The config forced in the params, else the smallest tile that holds the whole sequence, else the
-// largest tile, looping over tiles. Vectorized access where every row of every operand is aligned.
+// largest tile, looping over tiles. Vectorized access where every row of every operand is aligned;
+// the broadcast config where an operand is broadcast along time.
 template <typename T>
 PipeConfig choose_config(const SequenceLayout& layout, std::initializer_list<Operand> operands) {
   PipeConfig config{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, Access::Vectorized};
+  bool broadcast = false;
+  for (const Operand& operand : operands) broadcast = broadcast || operand.time_stride == 0;
+  if (broadcast) {
+    config.threads_per_sequence = kBroadcastTileShape[0];
+    config.vectors_per_thread = kBroadcastTileShape[1];
+    config.access = Access::Staged;
+    config.broadcast = true;
+    return config;
+  }
   if (layout.threads_per_sequence > 0) {
     config.threads_per_sequence = layout.threads_per_sequence;
     config.vectors_per_thread = layout.vectors_per_thread;
