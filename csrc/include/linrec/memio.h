@@ -110,7 +110,9 @@ struct TileIO {
           T* values = reinterpret_cast<T*>(&bits);
           #pragma unroll
           for (int i = 0; i < kPerVector; ++i) values[i] = static_cast<T>(items[v * kPerVector + i]);
-          *reinterpret_cast<uint4*>(row + begin + v * kPerVector) = bits;
+          // The intrinsic keeps the store one 16-byte access: written as an assignment, the compiler
+          // was seen to split a chunk's first vector into 4-byte stores (float32 forward 0.96 -> 0.90).
+          __stwb(reinterpret_cast<uint4*>(row + begin + v * kPerVector), bits);
         }
       } else {
         #pragma unroll
