@@ -22,7 +22,7 @@ from pathlib import Path
 
 CONFIG = re.compile(
     r"pipe_(?P<direction>forward|backward)_kernel<(?P<dtype>[\w:<>]+), .*PipeConfig\{(?P<threads>\d+), (?P<vectors>\d+), "
-    r"(?P<reverse>true|false), \(linrec::Access\)(?P<access>\d)\}"
+    r"(?P<reverse>true|false), \(linrec::Access\)(?P<access>\d)(?:, (?P<broadcast>true|false))?\}"
 )
 SEQUENTIAL = re.compile(r"sequential_(?P<direction>forward|backward)_kernel<(?P<dtype>.+?)\s*>\(")
 DTYPES = {
@@ -94,7 +94,7 @@ def main() -> None:
             continue
         print(
             f"{arch:<7} {match['direction']:<8} {DTYPES.get(match['dtype'], match['dtype']):<10} {match['threads']:>7} "
-            f"{match['vectors']:>7} {match['reverse']:>7} {ACCESS[match['access']]:>10} {usage['REG']:>4} {usage['STACK']:>5} "
+            f"{match['vectors']:>7} {match['reverse']:>7} {ACCESS[match['access']] + ('+bc' if match['broadcast'] == 'true' else ''):>10} {usage['REG']:>4} {usage['STACK']:>5} "
             f"{usage['LOCAL']:>5} {usage['SHARED']:>6}"
         )
     print(f"{len(rows)} kernels in {library}; {spilling} use a stack frame or local memory (spills)")
