@@ -67,7 +67,9 @@ def test_every_config_with_initial_and_broadcast_coeffs(seed, config, dtype, rev
     tile = threads * vectors * 16 // torch.empty((), dtype=dtype).element_size()
     for length in (tile - 1, tile + 1, 2 * tile):
         inputs = random_values((37, length), dtype, "cuda")
-        coeffs = random_coeffs((37, 1), dtype, "cuda")
+        # |c| <= 0.9: one coefficient for a whole row near 1 would carry float32 rounding over the
+        # full length (error ~ length * eps), past a tolerance meant for recurrences that forget.
+        coeffs = random_coeffs((37, 1), dtype, "cuda") * 0.9
         if not dtype.is_complex:
             coeffs = coeffs.abs().log()  # exercise log_coeffs too
         initial = random_values((37,), dtype, "cuda")
