@@ -41,6 +41,7 @@ C = torch.rand(3, 5)
         (dict(inputs=X, coeffs=C, cu_seqlens=torch.tensor([0, 2, 5])), ValueError, r"with cu_seqlens, inputs packs its sequences along dim 1 and must have a batch dim \(dim 0\) of size 1 before it, got shape \[3, 5\]"),
         (dict(inputs=X[0], coeffs=C[0], cu_seqlens=torch.tensor([0, 2, 5])), ValueError, r"must have a batch dim \(dim 0\) of size 1"),
         (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0.0, 5.0])), TypeError, r"cu_seqlens must be int32 or int64, got torch.float32"),
+        (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0, 9, 2, 9, 5])[::2]), ValueError, r"cu_seqlens must be contiguous, got stride 2"),
         (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([5])), ValueError, r"cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape \[1\]"),
         (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0, 2, 5]), initial=torch.rand(1, 3)), ValueError, r"initial must have shape \[2, 3\] \(the shape of inputs without the time dim, dim 0 counting the cu_seqlens sequences\), got \[1, 3\]"),
         (dict(inputs=X, coeffs=C, backend="cuda"), ValueError, r"backend must be one of 'auto', 'loop', 'hop', 'heinsen', got 'cuda'"),
@@ -63,6 +64,7 @@ def test_public_api_errors(kwargs, error, message):
         ((X.cdouble(), C.cdouble()), dict(log_coeffs=True), r"linrec.forward: log_coeffs=True takes real coefficients"),
         ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 2, 5])), r"linrec.forward: cu_seqlens must be non-decreasing"),
         ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 6])), r"linrec.forward: cu_seqlens must end at the length of dim 2 of inputs \(5\), got 6"),
+        ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 9, 5])[::2]), r"linrec.forward: cu_seqlens must be contiguous, got stride 2"),
         ((X, C), dict(cu_seqlens=torch.tensor([0, 5])), r"linrec.forward: with cu_seqlens, inputs .* batch dim \(dim 0\) of size 1"),
     ],
 )

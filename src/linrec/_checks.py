@@ -87,6 +87,8 @@ def check_arguments(
             raise TypeError(f"{op}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
         if cu_seqlens.device != inputs.device:
             raise ValueError(f"{op}: cu_seqlens must be on the device of {inputs_name} ({inputs.device}), got {cu_seqlens.device}")
+        if not cu_seqlens.is_contiguous():  # the kernels read the offsets as a plain array
+            raise ValueError(f"{op}: cu_seqlens must be contiguous, got stride {cu_seqlens.stride(0)}")
         if dim == 0 or inputs.shape[0] != 1:
             raise ValueError(
                 f"{op}: with cu_seqlens, {inputs_name} packs its sequences along dim {dim} and must have a batch dim "

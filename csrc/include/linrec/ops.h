@@ -122,6 +122,8 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
                  op, ": cu_seqlens must be int32 or int64, got ", dtype_string(offsets));
     LINREC_CHECK(offsets.device() == values.device(), op, ": cu_seqlens must be on the device of ", values_name, " (",
                  device_string(values), "), got ", device_string(offsets));
+    // The kernels read the offsets as a plain array.
+    LINREC_CHECK(offsets.is_contiguous(), op, ": cu_seqlens must be contiguous, got stride ", offsets.stride(0));
     LINREC_CHECK(args.time_dim >= 1 && args.sizes[0] == 1, op, ": with cu_seqlens, ", values_name,
                  " packs its sequences along dim ", args.time_dim, " and must have a batch dim (dim 0) of size 1 "
                  "before it, got shape ", shape_string(args.sizes));
