@@ -1,6 +1,7 @@
 """The CUDA kernels config by config: every compiled tile shape, lengths around its tile boundary,
-aligned and unaligned rows, and the sizes where offsets need 64 bits. The references are the CPU
-kernels in float64 (checked against the loop recurrence and autograd in test_forward/test_backward)."""
+aligned and unaligned rows, sequences split across blocks (chained) around every chunk boundary, time
+strided, and the sizes where offsets need 64 bits. The references are the CPU kernels in float64
+(checked against the loop recurrence and autograd in test_forward/test_backward)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from helpers import DTYPES, assert_matches, random_coeffs, random_operands, random_values, wide
 
 import linrec
-from linrec.tune import TILE_SHAPES
+from linrec.tune import CHAINED_TILE_SHAPE, TILE_SHAPES
 
 pytestmark = [
     pytest.mark.cuda,
@@ -32,14 +33,35 @@ def misaligned_copy(tensor):
     return copy
 
 
+def accumulator_size(dtype):
+    """Bytes of the type the kernels compute in: float32 for the 16-bit types."""
+    return max(torch.empty((), dtype=dtype).element_size(), 4)
+
+
+def tile_length(config, dtype):
+    """Elements of a tile: 16-byte vectors of the dtype, or of the accumulator for the chained kernels."""
+    threads, vectors = config
+    vector_bytes = accumulator_size(dtype) if config == CHAINED_TILE_SHAPE else torch.empty((), dtype=dtype).element_size()
+    return threads * vectors * 16 // vector_bytes
+
+
+def poison_free_memory(numel, dtype):
+    """Fills memory the caching allocator will hand out next with NaN, so that an element a kernel
+    leaves unwritten shows up as non-finite rather than as a stale value."""
+    torch.full((4 * numel + 1024,), float("nan"), dtype=dtype, device="cuda")
+    torch.cuda.synchronize()
+
+
 def check_config(shape, dtype, reverse, config, misaligned=False):
     inputs, coeffs = random_operands(shape, dtype, "cuda")
     d_outputs = random_values(shape, dtype, "cuda")
     if misaligned:
         inputs, coeffs, d_outputs = map(misaligned_copy, (inputs, coeffs, d_outputs))
     expected_outputs, expected_d_inputs, expected_d_coeffs = cpu_reference(inputs, coeffs, d_outputs, reverse)
+    poison_free_memory(inputs.numel(), dtype)
     outputs = torch.ops.linrec.forward(inputs, coeffs, -1, reverse, None, None, False, *config)
     assert_matches(outputs, expected_outputs, dtype, f"outputs {config}")
+    poison_free_memory(inputs.numel(), dtype)
     d_inputs, d_coeffs, _ = torch.ops.linrec.backward(d_outputs, coeffs, outputs, -1, reverse, None, None, False, *config)
     assert_matches(d_inputs, expected_d_inputs, dtype, f"d_inputs {config}")
     assert_matches(d_coeffs, expected_d_coeffs, dtype, f"d_coeffs {config}")
@@ -49,8 +71,7 @@ def check_config(shape, dtype, reverse, config, misaligned=False):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("config", TILE_SHAPES, ids=str)
 def test_every_compiled_config(seed, config, dtype, reverse):
-    threads, vectors = config
-    tile = threads * vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    tile = tile_length(config, dtype)
     for length in sorted({1, 2, tile - 1, tile, tile + 1, 3 * tile + 5}):
         if length > 0:
             check_config((37, length), dtype, reverse, config)
@@ -64,7 +85,7 @@ def test_every_config_with_initial_and_broadcast_coeffs(seed, config, dtype, rev
     """The pipe kernels' branches for an initial state, coefficients broadcast along time (one per row)
     and log coefficients, around the tile boundary, against the CPU kernels in float64 (complex128)."""
     threads, vectors = config
-    tile = threads * vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    tile = tile_length(config, dtype)
     for length in (tile - 1, tile + 1, 2 * tile):
         inputs = random_values((37, length), dtype, "cuda")
         # |c| <= 0.9: one coefficient for a whole row near 1 would carry float32 rounding over the
@@ -102,6 +123,70 @@ def test_strided_time_dim_at_size(seed, shape, dim, reverse):
     assert_matches(outputs, expected_outputs, torch.float32)
     for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
         assert_matches(grad, want, torch.float32, name)
+
+
+def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False):
+    """Forward and backward with an initial state against the CPU kernels in float64."""
+    dtype = inputs.dtype
+    state_shape = list(inputs.shape)
+    del state_shape[dim]
+    initial = random_values(state_shape, dtype, "cuda")
+    d_outputs = random_values(inputs.shape, dtype, "cuda")
+    options = dict(dim=dim, reverse=reverse, initial=initial, log_coeffs=log_coeffs)
+    poison_free_memory(inputs.numel(), dtype)
+    outputs = torch.ops.linrec.forward(inputs, coeffs, **options)
+    poison_free_memory(inputs.numel(), dtype)
+    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options)
+    wide_options = dict(options, initial=wide(initial))
+    expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
+    expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
+    what = f"{tuple(inputs.shape)} dim={dim} coeffs {tuple(coeffs.shape)}"
+    assert_matches(outputs, expected_outputs, dtype, f"outputs {what}")
+    for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
+        assert_matches(grad, want, dtype, f"{name} {what}")
+
+
+def chunk_boundary_lengths(tile):
+    """Lengths around the first chunk boundaries and past one look-back window of 32 chunks."""
+    return [tile - 1, tile, tile + 1, 2 * tile + 1, 33 * tile - 1, 33 * tile + 1]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_few_long_rows_chained(seed, dtype, reverse):
+    """Two time-contiguous rows: each split into one-tile chunks scanned by different blocks."""
+    tile = tile_length(CHAINED_TILE_SHAPE, dtype)
+    for length in chunk_boundary_lengths(tile):
+        inputs, coeffs = random_operands((2, length), dtype, "cuda")
+        check_with_features(inputs, coeffs, -1, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_strided_time_chained_and_piped(seed, dtype, reverse):
+    """(batch, time, channels) along dim=1: a warp's lanes on neighbouring channels; 40 channels are a
+    full and a partial group of 32, chained along time; 9000 channels are enough groups for a pipe each."""
+    tile = 8 * 4 * 16 // accumulator_size(dtype)  # kStridedTileShape: 8 warps, 4 accumulator vectors a thread
+    for length in chunk_boundary_lengths(tile):
+        inputs, coeffs = random_operands((1, length, 40), dtype, "cuda")
+        check_with_features(inputs, coeffs, 1, reverse)
+    inputs, coeffs = random_operands((2, tile + 1, 4500), dtype, "cuda")
+    check_with_features(inputs, coeffs, 1, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64], ids=str)
+def test_split_paths_with_broadcast_and_log_coeffs(seed, dtype, reverse):
+    """Coefficients broadcast along time on few long rows (one per row), and across channels (one per
+    (batch, time), Mamba-2), with log coefficients for real types."""
+    log_coeffs = not dtype.is_complex
+    cases = [((3, 70001), -1, (3, 1)), ((2, 3001, 40), 1, (2, 3001, 1))]
+    for shape, dim, coeffs_shape in cases:
+        inputs = random_values(shape, dtype, "cuda")
+        coeffs = random_coeffs(coeffs_shape, dtype, "cuda") * 0.9  # see the note in the test above
+        if log_coeffs:
+            coeffs = coeffs.abs().log()
+        check_with_features(inputs, coeffs, dim, reverse, log_coeffs)
 
 
 @pytest.mark.parametrize("reverse", [False, True])

@@ -2,7 +2,8 @@
 //   linrec_check_kernels [max_length]
 // Runs forward and backward for every dtype, both directions, a set of odd lengths and the layouts
 // and features the kernels branch on (contiguous rows, channels-innermost strides, broadcast
-// coefficients, initial states, packed sequences, log coefficients) on NaN-poisoned outputs,
+// coefficients, initial states, packed sequences, log coefficients, few long sequences chained
+// across blocks) on NaN-poisoned outputs,
 // compares with the sequential recurrence on the host in double precision (the same
 // sequential_scan.h code, on the same strides) and exits non-zero on any mismatch.
 #include <cuda_bf16.h>
@@ -191,6 +192,17 @@ void build_params(const Case& c, const Buffers& buffers, linrec::ForwardParams& 
   if (c.initial) backward.d_initial = state(c, buffers.d_initial);
 }
 
+// Launches with the workspace the kernel asks for, zeroed, as the op layer does.
+template <typename Params>
+void launch_with_workspace(Params& params, void (*launch)(const Params&, cudaStream_t)) {
+  const int64_t bytes = linrec::cuda::workspace_bytes(params);
+  auto workspace = allocate<char>(bytes);
+  LINREC_CUDA_CHECK(cudaMemset(workspace.get(), 0, bytes));
+  params.workspace = bytes > 0 ? workspace.get() : nullptr;
+  launch(params, nullptr);
+  LINREC_CUDA_CHECK(cudaDeviceSynchronize());  // before the buffer is freed
+}
+
 template <typename T>
 bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
   using W = Wide<T>;
@@ -235,8 +247,8 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
                    device_d_initial.get()},
                forward, backward);
   forward.dtype = backward.dtype = dtype;
-  linrec::cuda::launch_forward(forward, nullptr);
-  linrec::cuda::launch_backward(backward, nullptr);
+  launch_with_workspace(forward, linrec::cuda::launch_forward);
+  launch_with_workspace(backward, linrec::cuda::launch_backward);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());
 
   bool ok = matches("outputs", download(device_outputs), outputs, dtype) &&
@@ -266,6 +278,11 @@ int main(int argc, char** argv) {
         all_ok &= check_case<T>(dtype, Case{67, 1001, reverse, false, true, true}, rng);
         all_ok &= check_case<T>(dtype, Case{67, 301, reverse, true, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{33, 301, reverse, true, true, true, 9}, rng);
+        // Chained across blocks (few rows): time-contiguous with more chunks than one look-back window,
+        // strided with a partial group of channels, and strided many channels (piped).
+        all_ok &= check_case<T>(dtype, Case{2, 100001, reverse, false, false, true}, rng);
+        all_ok &= check_case<T>(dtype, Case{40, 5001, reverse, true, false, true}, rng);
+        all_ok &= check_case<T>(dtype, Case{9000, 129, reverse, true}, rng);
         if constexpr (!linrec::is_complex<T>::value)
           all_ok &= check_case<T>(dtype, Case{67, 1001, reverse, false, false, false, 1, true}, rng);
       }

@@ -23,7 +23,7 @@ import torch
 
 import linrec
 
-#: (number of sequences, sequence length), time last. GPU shapes fill the chip with 100 sequences per SM.
+#: (number of sequences, sequence length), time last. GPU shapes: 100 sequences per SM, and a few long ones.
 CPU_SHAPES = [(256, 256), (64, 4096), (16, 65536), (65536, 16)]
 # The references take O(L) Python steps (loop) or several full-size temporaries (hop, heinsen):
 # run them only where they finish in reasonable time and memory.
@@ -34,7 +34,8 @@ MAX_REFERENCE_ELEMENTS = 1 << 24
 def gpu_shapes(device: torch.device) -> list[tuple[int, int]]:
     sequences = 100 * torch.cuda.get_device_properties(device).multi_processor_count
     lengths = (256, 1024, 4096, 4095, 16384, 65536)  # 4095: rows not 16-byte aligned
-    return [(sequences, length) for length in lengths] + [(1 << 20, 16), (1 << 18, 64)]
+    few_long = [(1, 1 << 24), (8, 1 << 21), (64, 1 << 18)]  # fewer sequences than SMs: split across blocks
+    return [(sequences, length) for length in lengths] + [(1 << 20, 16), (1 << 18, 64)] + few_long
 
 
 def layout_cases(device: torch.device) -> list[tuple[tuple[int, ...], int, tuple[int, ...] | None]]:

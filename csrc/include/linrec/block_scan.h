@@ -1,5 +1,6 @@
-// The scan primitive every parallel kernel shares: a segment of ThreadsPerSequence threads, each
-// holding Items consecutive elements, scans them as one tile, starting from a carried output.
+// The scan primitive every parallel kernel shares: a segment of threads, each holding Items
+// consecutive elements of one sequence, scans them as one tile, starting from the output before the
+// tile that a prefix hook supplies (carried from the previous tile, or looked back at across blocks).
 // Within a thread the recurrence runs sequentially; across threads the affine maps
 // y -> coeff * y + value are composed by a warp-shuffle scan, and across warps through shared
 // memory. Reverse scans from the last element to the first (threads and items in reverse order).
@@ -30,40 +31,77 @@ __device__ __forceinline__ Affine<Acc> then(const Affine<Acc>& earlier, const Af
   return {later.coeff * earlier.coeff, later.coeff * earlier.value + later.value};
 }
 
-template <int ThreadsPerSequence, int Items, bool Reverse>
+// Inclusive scan of maps across a segment of Width lanes of a warp (every lane calls it), in scan
+// order: lane order, or reversed. Returns the composition of the maps from the segment's first
+// (in scan order) up to this lane's.
+template <int Width, bool Reverse, typename Acc>
+__device__ __forceinline__ Affine<Acc> segment_inclusive_scan(Affine<Acc> running) {
+  const int rank = Reverse ? Width - 1 - threadIdx.x % Width : threadIdx.x % Width;
+  #pragma unroll
+  for (int delta = 1; delta < Width; delta *= 2) {
+    const auto earlier_part = [delta](auto part) {
+      if constexpr (Reverse) return __shfl_down_sync(0xffffffffu, part, delta, Width);
+      else return __shfl_up_sync(0xffffffffu, part, delta, Width);
+    };
+    const Affine<Acc> earlier{shuffled(running.coeff, earlier_part), shuffled(running.value, earlier_part)};
+    if (rank >= delta) running = then(earlier, running);
+  }
+  return running;
+}
+
+// The running prefix of a pipe: the segment's threads carry the output before the next tile
+// themselves, tile after tile (each thread its own copy; no synchronization).
+template <typename Acc>
+struct RunningPrefix {
+  Acc carry = Acc(0);
+  __device__ __forceinline__ Acc operator()(const Affine<Acc>& tile_total) {
+    const Acc before = carry;
+    carry = tile_total.coeff * carry + tile_total.value;
+    return before;
+  }
+};
+
+// A sequence's segment is SegmentLanes consecutive lanes in each of SegmentWarps consecutive warps
+// of the block; thread rank = warp * SegmentLanes + lane within the segment. Sequences along the
+// contiguous dim take a run of lanes (SegmentLanes = threads per sequence up to a warp); sequences
+// across it (time strided, channels contiguous) take one lane in each of several warps
+// (SegmentLanes = 1), so that a warp's 32 lanes read 32 neighbouring channels.
+template <int SegmentLanes, int SegmentWarps, int Items, bool Reverse>
 struct TileScan {
   static constexpr int kWarp = 32;
-  static constexpr int kSegmentWidth = ThreadsPerSequence < kWarp ? ThreadsPerSequence : kWarp;
-  static constexpr int kWarpsPerSequence = ThreadsPerSequence / kSegmentWidth;
-  static_assert(ThreadsPerSequence % kSegmentWidth == 0 && (kSegmentWidth & (kSegmentWidth - 1)) == 0,
-                "ThreadsPerSequence must be a power of two");
+  static constexpr int kSequencesPerWarp = kWarp / SegmentLanes;
+  static_assert(SegmentLanes <= kWarp && (SegmentLanes & (SegmentLanes - 1)) == 0,
+                "SegmentLanes must be a power of two up to a warp");
+  static_assert(SegmentWarps == 1 || SegmentLanes == kWarp || SegmentLanes == 1,
+                "a segment over several warps takes whole warps or one lane of each");
 
   template <typename Acc>
   struct Storage {  // per-warp aggregates, used when a sequence spans several warps
-    Affine<Acc> warp_total[kWarpsPerSequence > 1 ? kWarpsPerSequence : 1];
+    Affine<Acc> warp_total[SegmentWarps > 1 ? SegmentWarps : 1][SegmentWarps > 1 ? kSequencesPerWarp : 1];
   };
 
-  // The value `delta` threads earlier in scan order, within the segment.
+  // The value `delta` threads earlier in scan order, within the warp segment.
   template <typename Acc>
   __device__ __forceinline__ static Acc from_earlier(const Acc& value, int delta) {
     return shuffled(value, [delta](auto part) {
-      if constexpr (Reverse) return __shfl_down_sync(0xffffffffu, part, delta, kSegmentWidth);
-      else return __shfl_up_sync(0xffffffffu, part, delta, kSegmentWidth);
+      if constexpr (Reverse) return __shfl_down_sync(0xffffffffu, part, delta, SegmentLanes);
+      else return __shfl_up_sync(0xffffffffu, part, delta, SegmentLanes);
     });
   }
 
-  // The value of lane `source` of the segment.
+  // The value of lane `source` of the warp segment.
   template <typename Acc>
   __device__ __forceinline__ static Acc from_lane(const Acc& value, int source) {
-    return shuffled(value, [source](auto part) { return __shfl_sync(0xffffffffu, part, source, kSegmentWidth); });
+    return shuffled(value, [source](auto part) { return __shfl_sync(0xffffffffu, part, source, SegmentLanes); });
   }
 
-  // Scans value[] with coeff[] in place, starting from `carry` (the output before this tile in
-  // scan order), and advances `carry` to the tile's last output. thread_rank is the thread's
-  // index within its sequence's segment. All threads of the block must call it (it may sync).
-  template <typename Acc>
-  __device__ __forceinline__ static void scan(Acc (&value)[Items], Acc (&coeff)[Items], Acc& carry,
-                                              int thread_rank, Storage<Acc>& storage) {
+  // Scans value[] with coeff[] in place. prefix(tile_total) is called once by every thread with
+  // the map of its sequence's whole tile and returns the output before the tile in scan order
+  // (RunningPrefix, or a look-back across blocks). All threads of the block must call scan (it may
+  // synchronize the block).
+  template <typename Acc, typename Prefix>
+  __device__ __forceinline__ static void scan(Acc (&value)[Items], Acc (&coeff)[Items], Storage<Acc>& storage,
+                                              Prefix& prefix) {
     // 1. Sequentially within the thread; coeff[] becomes the cumulative product.
     #pragma unroll
     for (int n = 1; n < Items; ++n) {
@@ -75,37 +113,35 @@ struct TileScan {
     Affine<Acc> running{coeff[last], value[last]};
 
     // 2. Inclusive scan of the threads' maps across the warp segment, in scan order.
-    const int lane = thread_rank % kSegmentWidth;
-    const int rank = Reverse ? kSegmentWidth - 1 - lane : lane;
-    #pragma unroll
-    for (int delta = 1; delta < kSegmentWidth; delta *= 2) {
-      const Affine<Acc> earlier{from_earlier(running.coeff, delta), from_earlier(running.value, delta)};
-      if (rank >= delta) running = then(earlier, running);
-    }
+    const int lane = threadIdx.x % kWarp;
+    const int segment_lane = lane % SegmentLanes;
+    const int rank = Reverse ? SegmentLanes - 1 - segment_lane : segment_lane;
+    running = segment_inclusive_scan<SegmentLanes, Reverse>(running);
     Affine<Acc> exclusive{from_earlier(running.coeff, 1), from_earlier(running.value, 1)};
     if (rank == 0) exclusive = {Acc(1), Acc(0)};
-    const int last_lane = Reverse ? 0 : kSegmentWidth - 1;
+    const int last_lane = Reverse ? 0 : SegmentLanes - 1;
     Affine<Acc> total{from_lane(running.coeff, last_lane), from_lane(running.value, last_lane)};
 
     // 3. Across the warps of one sequence: compose the earlier warps' totals.
-    if constexpr (kWarpsPerSequence > 1) {
-      const int warp = thread_rank / kWarp;
-      const int warp_rank = Reverse ? kWarpsPerSequence - 1 - warp : warp;
-      if (lane == last_lane) storage.warp_total[warp_rank] = total;
+    if constexpr (SegmentWarps > 1) {
+      const int warp = threadIdx.x / kWarp % SegmentWarps;
+      const int warp_rank = Reverse ? SegmentWarps - 1 - warp : warp;
+      const int sequence = lane / SegmentLanes;
+      if (segment_lane == last_lane) storage.warp_total[warp_rank][sequence] = total;
       __syncthreads();
       Affine<Acc> before_warp{Acc(1), Acc(0)};
-      for (int w = 0; w < warp_rank; ++w) before_warp = then(before_warp, storage.warp_total[w]);
+      for (int w = 0; w < warp_rank; ++w) before_warp = then(before_warp, storage.warp_total[w][sequence]);
       exclusive = then(before_warp, exclusive);
       total = before_warp;
-      for (int w = warp_rank; w < kWarpsPerSequence; ++w) total = then(total, storage.warp_total[w]);
+      for (int w = warp_rank; w < SegmentWarps; ++w) total = then(total, storage.warp_total[w][sequence]);
       __syncthreads();  // the next tile reuses storage
     }
 
     // 4. Every element gets the output before its thread's chunk.
+    const Acc carry = prefix(total);
     const Acc before_chunk = exclusive.coeff * carry + exclusive.value;
     #pragma unroll
     for (int i = 0; i < Items; ++i) value[i] = coeff[i] * before_chunk + value[i];
-    carry = total.coeff * carry + total.value;
   }
 };
 

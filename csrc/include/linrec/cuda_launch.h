@@ -21,6 +21,11 @@
 
 namespace linrec::cuda {
 
+// The bytes of zeroed workspace (params.workspace, 16-byte aligned) a launch of these params needs;
+// 0 when the kernel it picks needs none.
+int64_t workspace_bytes(const ForwardParams& params);
+int64_t workspace_bytes(const BackwardParams& params);
+
 void launch_forward(const ForwardParams& params, cudaStream_t stream);
 void launch_backward(const BackwardParams& params, cudaStream_t stream);
 

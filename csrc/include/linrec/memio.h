@@ -6,13 +6,17 @@
 //   Staged:     the segment reads the tile element-interleaved (thread r takes r, r + ThreadsPerSequence,
 //               ...), coalesced for any alignment, and shared memory regroups the elements into
 //               per-thread chunks (and back for stores).
+//   Strided:    time is not the contiguous dim (channels are): each thread reads and writes its own
+//               chunk element by element through the time stride; the segment's threads sit in
+//               different warps, and a warp's lanes take neighbouring channels, so each access of a
+//               warp is contiguous across channels.
 #pragma once
 
 #include <cstdint>
 
 namespace linrec {
 
-enum class Access : int8_t { Vectorized, Staged };
+enum class Access : int8_t { Vectorized, Staged, Strided };
 
 // The time stride of a contiguous row, known at compile time (std::integral_constant's conversion
 // is host-only).
@@ -20,7 +24,9 @@ struct UnitStride {
   __host__ __device__ constexpr operator int64_t() const { return 1; }
 };
 
-inline const char* access_name(Access access) { return access == Access::Vectorized ? "vectorized" : "staged"; }
+inline const char* access_name(Access access) {
+  return access == Access::Vectorized ? "vectorized" : access == Access::Staged ? "staged" : "strided";
+}
 
 template <typename T, int ThreadsPerSequence, int BlockThreads, int Items, Access Mode>
 struct TileIO {
@@ -75,11 +81,21 @@ struct TileIO {
         #pragma unroll
         for (int i = 0; i < Items; ++i) items[i] = begin + i < length ? static_cast<Acc>(row[begin + i]) : fill;
       }
-    } else {
+    } else if constexpr (Mode == Access::Staged) {
       #pragma unroll
       for (int k = 0; k < Items; ++k) {
         const int64_t index = tile_begin + rank + k * ThreadsPerSequence;
         items[k] = index < length ? static_cast<Acc>(row[index * time_stride]) : fill;
+      }
+    } else {
+      const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
+      const T* chunk = row + begin * time_stride;
+      if (begin + Items <= length) {
+        #pragma unroll
+        for (int i = 0; i < Items; ++i) items[i] = static_cast<Acc>(chunk[i * time_stride]);
+      } else {
+        #pragma unroll
+        for (int i = 0; i < Items; ++i) items[i] = begin + i < length ? static_cast<Acc>(chunk[i * time_stride]) : fill;
       }
     }
   }
@@ -97,9 +113,11 @@ struct TileIO {
     }
   }
 
-  // row[tile_begin + rank * Items + i] = items[i] where inside length.
-  template <typename Acc>
-  __device__ __forceinline__ void store(T* row, int64_t tile_begin, int64_t length, const Acc (&items)[Items]) const {
+  // row[(tile_begin + rank * Items + i) * time_stride] = items[i] where inside length; time_stride is
+  // UnitStride except for Strided.
+  template <typename Acc, typename Stride>
+  __device__ __forceinline__ void store(T* row, Stride time_stride, int64_t tile_begin, int64_t length,
+                                        const Acc (&items)[Items]) const {
     if constexpr (Mode == Access::Vectorized) {
       constexpr int kPerVector = 16 / sizeof(T);
       const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
@@ -119,6 +137,12 @@ struct TileIO {
         for (int i = 0; i < Items; ++i)
           if (begin + i < length) row[begin + i] = static_cast<T>(items[i]);
       }
+    } else if constexpr (Mode == Access::Strided) {
+      const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
+      T* chunk = row + begin * time_stride;
+      #pragma unroll
+      for (int i = 0; i < Items; ++i)
+        if (begin + i < length) chunk[i * time_stride] = static_cast<T>(items[i]);
     } else {
       #pragma unroll
       for (int i = 0; i < Items; ++i)

@@ -16,7 +16,9 @@ namespace linrec {
 template <typename Real>
 struct alignas(2 * sizeof(Real)) Complex {
   Real re, im;
-  LINREC_HOST_DEVICE constexpr Complex(Real re_ = Real(0), Real im_ = Real(0)) : re(re_), im(im_) {}
+  // Trivial default construction, as for float: arrays of Complex may live in __shared__ memory.
+  Complex() = default;
+  LINREC_HOST_DEVICE constexpr Complex(Real re_, Real im_ = Real(0)) : re(re_), im(im_) {}
 };
 
 template <typename Real>

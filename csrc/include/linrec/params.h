@@ -103,6 +103,9 @@ struct SequenceLayout {
   // CUDA kernel config forced for experiments and tuning; 0 and 0 let the launcher choose per shape.
   int threads_per_sequence = 0;
   int vectors_per_thread = 0;
+  // Scratch memory of the CUDA kernels that split sequences across blocks (chained scans), zeroed:
+  // the op layer allocates the bytes cuda::workspace_bytes() asks for; null when it asks for none.
+  void* workspace = nullptr;
 
   LINREC_HOST_DEVICE int64_t num_rows() const { return shape.num_rows(); }
   LINREC_HOST_DEVICE int64_t numel() const { return num_rows() * seq_len; }

@@ -7,17 +7,16 @@
 
 namespace linrec::cuda {
 
-// Pipe kernels (pipe_scan.cu): a segment of threads per sequence, tile after tile, coalesced along
-// time. They take one sequence per row (no cu_seqlens) with a contiguous time dim in every operand
-// they write, and a contiguous or broadcast (stride 0) one in every operand they read.
-bool pipe_supports(const ForwardParams& params);
-bool pipe_supports(const BackwardParams& params);
+// Pipe kernels (pipe_scan.cu): segments of threads scan tiles of a sequence, coalesced along time
+// where time is contiguous, across channels where it is not; sequences too few for the GPU are split
+// across blocks (chained). They take any strides, one sequence per row (no cu_seqlens). The chained
+// configs need the workspace that workspace_size() (cuda_launch.h) reports.
+bool pipe_supports(const SequenceLayout& layout);
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream);
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream);
 
-// Sequential kernels (sequential_scan.cu): one thread per sequence, any strides and packed sequences;
-// neighbouring threads take neighbouring rows, so a layout whose channels are the innermost dim
-// (batch, time, channels) is read coalesced across channels.
+// Sequential kernels (sequential_scan.cu): one thread per sequence, any strides and packed sequences
+// (cu_seqlens); neighbouring threads take neighbouring rows.
 void launch_sequential_forward(const ForwardParams& params, cudaStream_t stream);
 void launch_sequential_backward(const BackwardParams& params, cudaStream_t stream);
 

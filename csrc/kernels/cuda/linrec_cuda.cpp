@@ -2,6 +2,9 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>  // aoti_torch_get_current_cuda_stream (USE_CUDA)
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+
+#include <optional>
 
 #include "linrec/cuda_launch.h"
 #include "linrec/ops.h"
@@ -10,7 +13,9 @@ namespace linrec {
 namespace {
 
 // Runs launch on the stream PyTorch considers current for the tensor's device, so the op orders
-// correctly with the surrounding PyTorch work (side streams, CUDA graphs).
+// correctly with the surrounding PyTorch work (side streams, CUDA graphs). A kernel that chains
+// blocks gets its workspace from PyTorch's caching allocator, zeroed on the same stream; it is
+// released when this returns, which the allocator orders after the kernel on that stream.
 template <typename Params>
 void launch_on_device_of(const Params& params, const Tensor& like,
                          void (*launch)(const Params&, cudaStream_t)) {
@@ -19,7 +24,14 @@ void launch_on_device_of(const Params& params, const Tensor& like,
   cuda::check_device_supported(device);
   void* stream = nullptr;
   STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
-  launch(params, static_cast<cudaStream_t>(stream));
+  Params launched = params;
+  const int64_t workspace_bytes = cuda::workspace_bytes(params);
+  std::optional<Tensor> workspace;
+  if (workspace_bytes > 0) {
+    workspace = torch::stable::new_zeros(like, {workspace_bytes}, torch::headeronly::ScalarType::Byte);
+    launched.workspace = workspace->mutable_data_ptr();
+  }
+  launch(launched, static_cast<cudaStream_t>(stream));
 }
 
 void launch_forward_cuda(const ForwardParams& params, const Tensor& like) {

@@ -1,30 +1,43 @@
 // The parallel scan kernels: each sequence is scanned by a segment of ThreadsPerSequence threads,
 // tile after tile, carrying the running output between tiles (a pipe; one tile is the tile case).
-// Short sequences pack several segments into one 128-thread block. Forward and the fused backward
-// share the TileScan primitive (block_scan.h) and the chunk loads and stores (memio.h).
+// Short sequences pack several segments into one 128-thread block. Where there are too few
+// sequences to fill the GPU, the tiles of a sequence go to different blocks instead, chained by a
+// look-back (lookback.h). Time-contiguous rows are scanned along the row; layouts with time strided
+// (channels contiguous) put a warp's lanes on neighbouring channels and split time over its warps.
+// Forward and the fused backward share the TileScan primitive (block_scan.h), the chunk loads and
+// stores (memio.h) and the two schedules.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <array>
-#include <initializer_list>
 #include <type_traits>
+#include <vector>
 
 #include "families.h"
 #include "linrec/block_scan.h"
 #include "linrec/cuda_launch.h"
 #include "linrec/dispatch.h"
+#include "linrec/lookback.h"
 #include "linrec/memio.h"
 #include "linrec/numeric.h"
 
 namespace linrec {
 
-// A compiled kernel configuration; items per thread = ItemsPerVector(dtype) * vectors_per_thread.
+// How a sequence's tiles are distributed: all to one segment that carries the output from tile to
+// tile (Pipe), or one tile per block, chained by look-back (Chained).
+enum class Schedule : int8_t { Pipe, Chained };
+
+// A compiled kernel configuration. Items per thread = vectors_per_thread 16-byte vectors: of T for
+// pipes over time-contiguous rows, of the accumulator type for the chained and strided kernels (the
+// same register budget for every dtype, which a 16-bit tile held as floats would exceed).
+// For Strided, threads_per_sequence is the warps a block spreads each sequence over, one lane each.
 struct PipeConfig {
   int threads_per_sequence;
   int vectors_per_thread;
   bool reverse;
   Access access;  // Vectorized needs 16-byte aligned rows and pointers; Staged takes any alignment
   bool broadcast = false;  // an operand it reads is broadcast along time (time stride 0); Staged only
+  Schedule schedule = Schedule::Pipe;
   constexpr bool operator==(const PipeConfig&) const = default;
 };
 
@@ -32,7 +45,8 @@ inline std::string describe(const PipeConfig& config) {
   return "{threads_per_sequence=" + std::to_string(config.threads_per_sequence) +
          ", vectors_per_thread=" + std::to_string(config.vectors_per_thread) +
          ", reverse=" + std::to_string(config.reverse) + ", access=" + access_name(config.access) +
-         ", broadcast=" + std::to_string(config.broadcast) + "}";
+         ", broadcast=" + std::to_string(config.broadcast) +
+         ", schedule=" + (config.schedule == Schedule::Pipe ? "pipe" : "chained") + "}";
 }
 
 namespace cuda {
@@ -47,18 +61,35 @@ constexpr std::array<std::array<int, 2>, 7> kTileShapes{{{2, 1}, {4, 1}, {8, 1},
 // for one tile shape: the largest, Staged, whatever the length.
 constexpr std::array<int, 2> kBroadcastTileShape = kTileShapes.back();
 
+// A chained chunk is one tile of a whole block: large, so that the look-back's latency is paid for
+// many elements (16 float32 items a thread: 0.39 -> 0.48 of torch.add forward on 1 x 2^24 over 8).
+constexpr std::array<int, 2> kChainedTileShape{256, 4};
+
+// Strided time: 8 warps x 32 channels per block, 4 accumulator vectors (16 float32 items) per thread.
+constexpr std::array<int, 2> kStridedTileShape{8, 4};
+
 constexpr auto kPipeConfigs = [] {
-  std::array<PipeConfig, kTileShapes.size() * 4 + 2> configs{};
+  std::array<PipeConfig, kTileShapes.size() * 4 + 2 + 4 + 4> configs{};
   int n = 0;
-  for (const auto& [threads, vectors] : kTileShapes)
-    for (bool reverse : {false, true})
+  for (bool reverse : {false, true}) {
+    for (const auto& [threads, vectors] : kTileShapes)
       for (Access access : {Access::Vectorized, Access::Staged}) configs[n++] = PipeConfig{threads, vectors, reverse, access};
-  for (bool reverse : {false, true})
     configs[n++] = PipeConfig{kBroadcastTileShape[0], kBroadcastTileShape[1], reverse, Access::Staged, true};
+    for (Access access : {Access::Vectorized, Access::Staged})
+      configs[n++] = PipeConfig{kChainedTileShape[0], kChainedTileShape[1], reverse, access, false, Schedule::Chained};
+    for (Schedule schedule : {Schedule::Pipe, Schedule::Chained})
+      configs[n++] = PipeConfig{kStridedTileShape[0], kStridedTileShape[1], reverse, Access::Strided, false, schedule};
+  }
   return configs;
 }();
 
+// Below these counts of sequences (time-contiguous) or 32-channel groups (strided) per SM, the
+// GPU is not kept busy by one segment per sequence, and sequences are chained across blocks.
+constexpr int kPipeRowsPerMultiprocessor = 16;
+constexpr int kPipeGroupsPerMultiprocessor = 2;
+
 constexpr int kPackedBlockThreads = 128;
+constexpr int kWarp = 32;
 
 // PipeConfig as a type, for the kernels' template lists (nvcc's host stubs reject class-type
 // template arguments on __global__ functions).
@@ -67,19 +98,24 @@ struct Policy {
   static constexpr PipeConfig config = Config;
 };
 
-__host__ __device__ constexpr int block_threads(int threads_per_sequence) {
-  return threads_per_sequence < 32 ? kPackedBlockThreads : threads_per_sequence;
+__host__ __device__ constexpr int block_threads(const PipeConfig& config) {
+  if (config.access == Access::Strided) return kWarp * config.threads_per_sequence;
+  return config.threads_per_sequence < kWarp ? kPackedBlockThreads : config.threads_per_sequence;
+}
+
+__host__ __device__ constexpr int sequences_per_block(const PipeConfig& config) {
+  return config.access == Access::Strided ? kWarp : block_threads(config) / config.threads_per_sequence;
 }
 
 template <typename T>
 __host__ __device__ constexpr int items_per_vector() { return 16 / sizeof(T); }
 
-// Whether the pipe loop issues the next tile's loads before scanning the current tile, so that their
-// latency overlaps the scan. It holds a second tile in registers: worth it for 32- and 64-bit types
-// (float32 backward 0.93 -> 0.95 of torch.add on an H100), not for 16-bit ones, whose 16 items a
-// thread in float registers then cost occupancy (bfloat16 backward 0.94 -> 0.74).
-template <typename T>
-constexpr bool kPrefetch = sizeof(T) >= sizeof(float);
+template <typename T, PipeConfig Config>
+__host__ __device__ constexpr int items_per_thread() {
+  if constexpr (Config.access == Access::Strided || Config.schedule == Schedule::Chained)
+    return Config.vectors_per_thread * items_per_vector<accumulator_t<T>>();
+  else return Config.vectors_per_thread * items_per_vector<T>();
+}
 
 // Coefficients given as logs (log_coeffs) become the coefficients. Called under one branch per
 // tile rather than per item, so that the exponentials are not evaluated when the flag is off.
@@ -91,42 +127,84 @@ __device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
   }
 }
 
-// What both pipe kernels share: the thread's sequence and rank in the sequence's segment, the order
-// of the tiles, and the scan and memory primitives with their shared memory. ScanReverse is the
-// direction of the scan this kernel runs (the backward runs against the forward op's direction).
+// An empty stand-in for the look-back's shared memory in kernels that do not chain.
+struct NoStorage {};
+
+// What both pipe kernels share: the thread's sequence and rank in the sequence's segment, the tiles
+// it scans (all of its row's, or its block's one chunk), the prefix hook, and the scan and memory
+// primitives with their shared memory. ScanReverse is the direction of the scan this kernel runs (the
+// backward runs against the forward op's direction).
 template <typename T, PipeConfig Config, bool ScanReverse>
 struct PipeThread {
   using Acc = accumulator_t<T>;
-  static constexpr int kItems = items_per_vector<T>() * Config.vectors_per_thread;
+  static constexpr bool kStrided = Config.access == Access::Strided;
+  static constexpr bool kChained = Config.schedule == Schedule::Chained;
+  static constexpr int kItems = items_per_thread<T, Config>();
   static constexpr int kTile = Config.threads_per_sequence * kItems;
-  using Scan = TileScan<Config.threads_per_sequence, kItems, ScanReverse>;
-  using IO = TileIO<T, Config.threads_per_sequence, block_threads(Config.threads_per_sequence), kItems, Config.access>;
+  static constexpr int kSequencesPerBlock = sequences_per_block(Config);
+  // Whether the pipe loop issues the next tile's loads before scanning the current tile, so that
+  // their latency overlaps the scan. It holds a second tile in registers: worth it for 32- and 64-bit
+  // types (float32 backward 0.93 -> 0.95 of torch.add on an H100), not for 16-bit ones, whose 16 items
+  // a thread in float registers then cost occupancy (bfloat16 backward 0.94 -> 0.74); nor where a
+  // thread's loads are element by element (Strided: many loads in flight already) or it scans one tile.
+  static constexpr bool kPrefetch = sizeof(T) >= sizeof(float) && !kStrided && !kChained;
+  using Scan = TileScan<kStrided ? 1 : (Config.threads_per_sequence < kWarp ? Config.threads_per_sequence : kWarp),
+                        kStrided ? Config.threads_per_sequence
+                                 : (Config.threads_per_sequence < kWarp ? 1 : Config.threads_per_sequence / kWarp),
+                        kItems, ScanReverse>;
+  using IO = TileIO<T, Config.threads_per_sequence, block_threads(Config), kItems, Config.access>;
+  using Chain = ChainedPrefix<Acc, kSequencesPerBlock>;
   struct Storage {
     typename Scan::template Storage<Acc> scan;
     typename IO::Storage io;
+    std::conditional_t<kChained, typename Chain::Storage, NoStorage> chain;
   };
 
   typename Scan::template Storage<Acc>& scan_storage;
-  const int rank;           // within the sequence's segment
-  const bool active;        // false for threads past the last sequence, which still take part in the
-                            // shuffles and barriers, with length 0
-  const int64_t length;     // of this thread's row
-  const int64_t num_tiles;  // per row
-  const BatchIndex batch_row;  // of this thread's row (row 0 for inactive threads, which never access it)
+  const int rank;               // within the sequence's segment
+  const int sequence_in_block;  // the group of sequences a block scans together
+  const int64_t num_tiles;      // per row
+  const int64_t num_groups;
+  const int64_t chunk;          // Chained: the one tile (scan order) this block scans; Pipe: 0
+  const int64_t group;          // the block's group of sequences
+  const int64_t sequence;
+  const bool active;            // false for threads past the last sequence, which still take part in the
+                                // shuffles and barriers, with length 0
+  const int64_t length;         // of this thread's row
+  const BatchIndex batch_row;   // of this thread's row (row 0 for inactive threads, which never access it)
   const IO io;
 
   __device__ __forceinline__ PipeThread(Storage& storage_, const SequenceLayout& layout)
       : scan_storage(storage_.scan),
-        rank(threadIdx.x % Config.threads_per_sequence),
-        active(sequence() < layout.num_rows()),
-        length(active ? layout.seq_len : 0),
+        rank(kStrided ? threadIdx.x / kWarp : threadIdx.x % Config.threads_per_sequence),
+        sequence_in_block(kStrided ? threadIdx.x % kWarp : threadIdx.x / Config.threads_per_sequence),
         num_tiles((layout.seq_len + kTile - 1) / kTile),
-        batch_row(layout.shape.unravel(active ? sequence() : 0)),
-        io(storage_.io, rank, threadIdx.x / Config.threads_per_sequence) {}
+        num_groups((layout.num_rows() + kSequencesPerBlock - 1) / kSequencesPerBlock),
+        chunk(kChained ? blockIdx.x / num_groups : 0),  // chunk-major block order (lookback.h)
+        group(kChained ? blockIdx.x % num_groups : blockIdx.x),
+        sequence(group * kSequencesPerBlock + sequence_in_block),
+        active(sequence < layout.num_rows()),
+        length(active ? layout.seq_len : 0),
+        batch_row(layout.shape.unravel(active ? sequence : 0)),
+        io(storage_.io, rank, sequence_in_block) {}
 
-  __device__ __forceinline__ static int64_t sequence() {
-    constexpr int kSequencesPerBlock = block_threads(Config.threads_per_sequence) / Config.threads_per_sequence;
-    return static_cast<int64_t>(blockIdx.x) * kSequencesPerBlock + threadIdx.x / Config.threads_per_sequence;
+  static ChainLayout<Acc, kSequencesPerBlock> chain_layout(const SequenceLayout& layout) {
+    return {(layout.num_rows() + kSequencesPerBlock - 1) / kSequencesPerBlock, (layout.seq_len + kTile - 1) / kTile};
+  }
+
+  // The tiles this thread scans, as steps in scan order: [first_step(), end_step()).
+  __device__ __forceinline__ int64_t first_step() const { return chunk; }
+  __device__ __forceinline__ int64_t end_step() const { return kChained ? chunk + 1 : num_tiles; }
+
+  // The output before each tile: carried along by the segment, or looked back at across blocks.
+  __device__ __forceinline__ auto make_prefix(Storage& storage, const SequenceLayout& layout) const {
+    if constexpr (kChained) {
+      const int64_t valid = layout.num_rows() - group * kSequencesPerBlock;
+      return Chain{storage.chain, layout.workspace, {num_groups, num_tiles}, group, chunk, sequence_in_block,
+                   static_cast<int>(valid < kSequencesPerBlock ? valid : kSequencesPerBlock), rank == 0};
+    } else {
+      return RunningPrefix<Acc>{};
+    }
   }
 
   // This thread's row of `operand`.
@@ -135,16 +213,27 @@ struct PipeThread {
     return operand.at<Element>(batch_row);
   }
 
-  // The time stride of an operand this kernel reads: 1 at compile time, unless compiled for broadcast rows.
-  __device__ __forceinline__ static auto time_stride(const Operand& operand) {
-    if constexpr (Config.broadcast) return operand.time_stride;
+  // The time stride of an operand this kernel reads (possibly broadcast along time) and of one with
+  // the full shape (outputs, gradients): 1 at compile time where the config fixes it, which keeps the
+  // loads' offsets immediate (a runtime stride costs the 16-bit staged backward half its speed).
+  __device__ __forceinline__ static auto read_stride(const Operand& operand) {
+    if constexpr (kStrided || Config.broadcast) return operand.time_stride;
+    else return UnitStride{};
+  }
+  __device__ __forceinline__ static auto full_stride(const Operand& operand) {
+    if constexpr (kStrided) return operand.time_stride;
     else return UnitStride{};
   }
 
-  // fetch() of a row of `operand`.
+  // fetch() of a row of an operand this kernel reads.
   __device__ __forceinline__ void fetch(const Operand& operand, const T* row, int64_t step, Acc (&items)[kItems],
                                         Acc fill) const {
-    io.fetch(row, time_stride(operand), tile_begin(step), length, items, fill);
+    io.fetch(row, read_stride(operand), tile_begin(step), length, items, fill);
+  }
+
+  // store() of a tile to a row of a full-shape operand.
+  __device__ __forceinline__ void store(const Operand& operand, T* row, int64_t step, const Acc (&items)[kItems]) const {
+    io.store(row, full_stride(operand), tile_begin(step), length, items);
   }
 
   // The first element of the tile the scan reaches at `step`.
@@ -152,13 +241,19 @@ struct PipeThread {
     return (ScanReverse ? num_tiles - 1 - step : step) * kTile;
   }
 
-  __device__ __forceinline__ void scan(Acc (&value)[kItems], Acc (&coeff)[kItems], Acc& carry) const {
-    Scan::scan(value, coeff, carry, rank, scan_storage);
+  // The first element of this thread's chunk of that tile.
+  __device__ __forceinline__ int64_t chunk_begin(int64_t step) const {
+    return tile_begin(step) + static_cast<int64_t>(rank) * kItems;
+  }
+
+  template <typename Prefix>
+  __device__ __forceinline__ void scan(Acc (&value)[kItems], Acc (&coeff)[kItems], Prefix& prefix) const {
+    Scan::scan(value, coeff, scan_storage, prefix);
   }
 };
 
 template <typename T, typename PolicyT>
-__global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequence))
+__global__ void __launch_bounds__(block_threads(PolicyT::config))
     pipe_forward_kernel(ForwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
   using Thread = PipeThread<T, Config, Config.reverse>;
@@ -167,7 +262,6 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   __shared__ typename Thread::Storage storage;
   const Thread thread(storage, params);
   const typename Thread::IO& io = thread.io;
-  const int64_t length = thread.length;
   const T* inputs = thread.template row<const T>(params.inputs);
   const T* coeffs = thread.template row<const T>(params.coeffs);
   T* outputs = thread.row(params.outputs);
@@ -177,18 +271,17 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   // Past the row's end, coefficients are the identity's: 1 (log 1 = 0 with log_coeffs).
   const Acc coeff_fill = params.log_coeffs ? Acc(0) : Acc(1);
 
-  const int64_t num_tiles = thread.num_tiles;
+  const int64_t end_step = thread.end_step();
   const auto fetch_tile = [&](int64_t step, Acc(&input_items)[kItems], Acc(&coeff_items)[kItems]) {
     thread.fetch(params.inputs, inputs, step, input_items, Acc(0));
     thread.fetch(params.coeffs, coeffs, step, coeff_items, coeff_fill);
   };
   Acc value[kItems], coeff[kItems];
-  if constexpr (kPrefetch<T>) fetch_tile(0, value, coeff);
-  Acc carry = Acc(0);
-  for (int64_t step = 0; step < num_tiles; ++step) {
-    const int64_t tile_begin = thread.tile_begin(step);
-    const int64_t begin = tile_begin + static_cast<int64_t>(thread.rank) * kItems;  // this thread's chunk
-    if constexpr (!kPrefetch<T>) fetch_tile(step, value, coeff);
+  if constexpr (Thread::kPrefetch) fetch_tile(thread.first_step(), value, coeff);
+  auto prefix = thread.make_prefix(storage, params);
+  for (int64_t step = thread.first_step(); step < end_step; ++step) {
+    const int64_t begin = thread.chunk_begin(step);
+    if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff);
     io.arrange(value);
     io.arrange(coeff);
     // One uniform branch per tile for the flag, one for the single chunk holding the first element:
@@ -204,11 +297,11 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
       }
     }
     Acc next_value[kItems], next_coeff[kItems];
-    if constexpr (kPrefetch<T>)
-      if (step + 1 < num_tiles) fetch_tile(step + 1, next_value, next_coeff);
-    thread.scan(value, coeff, carry);
-    io.store(outputs, tile_begin, length, value);
-    if constexpr (kPrefetch<T>) {
+    if constexpr (Thread::kPrefetch)
+      if (step + 1 < end_step) fetch_tile(step + 1, next_value, next_coeff);
+    thread.scan(value, coeff, prefix);
+    thread.store(params.outputs, outputs, step, value);
+    if constexpr (Thread::kPrefetch) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) value[i] = next_value[i], coeff[i] = next_coeff[i];
     }
@@ -219,7 +312,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
 // op's direction, d_coeffs[l] = d_inputs[l] * conj(outputs[prev]) (outputs[prev] of the first element:
 // initial, or none), times coeffs[l] with log_coeffs, and d_initial = conj(coeffs[first]) * d_inputs[first].
 template <typename T, typename PolicyT>
-__global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequence))
+__global__ void __launch_bounds__(block_threads(PolicyT::config))
     pipe_backward_kernel(BackwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
   constexpr bool kForwardReverse = Config.reverse;
@@ -240,8 +333,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
   const Acc initial = has_initial && thread.active ? static_cast<Acc>(*thread.template row<const T>(params.initial)) : Acc(0);
   T* const d_initial = has_initial && thread.active ? thread.row(params.d_initial) : nullptr;
 
-  const int64_t num_tiles = thread.num_tiles;
-  const int64_t rank_offset = static_cast<int64_t>(thread.rank) * kItems;
+  const int64_t end_step = thread.end_step();
   // A tile needs its three chunks and, from the neighbouring chunks (L1 hits: the neighbour threads
   // load them too), the coefficient just after this thread's chunk and the output just before it,
   // in the forward direction. Past the row's end all values are 0: whatever coefficient is filled in
@@ -251,19 +343,18 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     thread.fetch(params.d_outputs, d_outputs, step, d_output_items, Acc(0));
     thread.fetch(params.coeffs, coeffs, step, coeff_items, Acc(0));
     thread.fetch(params.outputs, outputs, step, output_items, Acc(0));
-    const int64_t begin = thread.tile_begin(step) + rank_offset;
-    next_coeff_after = load_one(coeffs, Thread::time_stride(params.coeffs), kForwardReverse ? begin - 1 : begin + kItems, length, Acc(0));
-    next_output_before = load_one(outputs, UnitStride{}, kForwardReverse ? begin + kItems : begin - 1, length, Acc(0));
+    const int64_t begin = thread.chunk_begin(step);
+    next_coeff_after = load_one(coeffs, Thread::read_stride(params.coeffs), kForwardReverse ? begin - 1 : begin + kItems, length, Acc(0));
+    next_output_before = load_one(outputs, Thread::full_stride(params.outputs), kForwardReverse ? begin + kItems : begin - 1, length, Acc(0));
   };
 
   Acc value[kItems], coeff[kItems], output[kItems], coeff_after, output_before;
-  if constexpr (kPrefetch<T>) fetch_tile(0, value, coeff, output, coeff_after, output_before);
-  Acc carry = Acc(0);
+  if constexpr (Thread::kPrefetch) fetch_tile(thread.first_step(), value, coeff, output, coeff_after, output_before);
+  auto prefix = thread.make_prefix(storage, params);
   Acc first_coeff = Acc(0);  // coeffs[first], kept by the thread whose chunk holds it for d_initial
-  for (int64_t step = 0; step < num_tiles; ++step) {
-    const int64_t tile_begin = thread.tile_begin(step);
-    const int64_t begin = tile_begin + rank_offset;  // this thread's chunk
-    if constexpr (!kPrefetch<T>) fetch_tile(step, value, coeff, output, coeff_after, output_before);
+  for (int64_t step = thread.first_step(); step < end_step; ++step) {
+    const int64_t begin = thread.chunk_begin(step);
+    if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff, output, coeff_after, output_before);
     io.arrange(value);
     io.arrange(coeff);
     io.arrange(output);
@@ -296,9 +387,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
     }
     // coeff and output are consumed above: they take the next tile's values.
     Acc next_value[kItems];
-    if constexpr (kPrefetch<T>)
-      if (step + 1 < num_tiles) fetch_tile(step + 1, next_value, coeff, output, coeff_after, output_before);
-    thread.scan(value, shifted_coeff, carry);
+    if constexpr (Thread::kPrefetch)
+      if (step + 1 < end_step) fetch_tile(step + 1, next_value, coeff, output, coeff_after, output_before);
+    thread.scan(value, shifted_coeff, prefix);
     #pragma unroll
     for (int i = 0; i < kItems; ++i) prev_output[i] = value[i] * prev_output[i];
     if (owns_first) {
@@ -310,9 +401,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config.threads_per_sequ
         }
       }
     }
-    io.store(d_inputs, tile_begin, length, value);
-    io.store(d_coeffs, tile_begin, length, prev_output);
-    if constexpr (kPrefetch<T>) {
+    thread.store(params.d_inputs, d_inputs, step, value);
+    thread.store(params.d_coeffs, d_coeffs, step, prev_output);
+    if constexpr (Thread::kPrefetch) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) value[i] = next_value[i];
     }
@@ -330,80 +421,129 @@ bool rows_aligned(const SequenceLayout& layout, const Operand& operand) {
   return aligned;
 }
 
-// The config forced in the params, else the smallest tile that holds the whole sequence, else the
-// largest tile, looping over tiles. Vectorized access where every row of every operand is aligned;
-// the broadcast config where an operand is broadcast along time.
-template <typename T>
-PipeConfig choose_config(const SequenceLayout& layout, std::initializer_list<Operand> operands) {
-  PipeConfig config{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, Access::Vectorized};
-  bool broadcast = false;
-  for (const Operand& operand : operands) broadcast = broadcast || operand.time_stride == 0;
-  if (broadcast) {
-    config.threads_per_sequence = kBroadcastTileShape[0];
-    config.vectors_per_thread = kBroadcastTileShape[1];
-    config.access = Access::Staged;
-    config.broadcast = true;
-    return config;
-  }
-  if (layout.threads_per_sequence > 0) {
-    config.threads_per_sequence = layout.threads_per_sequence;
-    config.vectors_per_thread = layout.vectors_per_thread;
-  } else {
-    for (const auto& [threads, vectors] : kTileShapes) {
-      if (static_cast<int64_t>(threads) * vectors * items_per_vector<T>() >= layout.seq_len) {
-        config.threads_per_sequence = threads;
-        config.vectors_per_thread = vectors;
-        break;
-      }
-    }
-  }
-  bool aligned = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;
-  for (const Operand& operand : operands) aligned = aligned && rows_aligned<T>(layout, operand);
-  config.access = aligned ? Access::Vectorized : Access::Staged;
-  return config;
-}
-
-template <PipeConfig Config>
-dim3 grid_for(int64_t num_rows) {
-  constexpr int kSequencesPerBlock = block_threads(Config.threads_per_sequence) / Config.threads_per_sequence;
-  return dim3(static_cast<unsigned>((num_rows + kSequencesPerBlock - 1) / kSequencesPerBlock));
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  LINREC_CUDA_CHECK(cudaGetDevice(&device));
+  LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
 }
 
 bool contiguous_in_time(const Operand& operand) { return operand.time_stride == 1; }
 bool readable_in_time(const Operand& operand) { return operand.time_stride == 1 || operand.time_stride == 0; }
 
-}  // namespace
+// The operands of one call: those it reads (possibly broadcast) and those it writes (full shape).
+struct OperandSet {
+  std::vector<Operand> reads, writes;
+};
 
-bool pipe_supports(const ForwardParams& params) {
-  return params.cu_seqlens == nullptr && readable_in_time(params.inputs) && readable_in_time(params.coeffs) &&
-         contiguous_in_time(params.outputs);
+OperandSet operands_of(const ForwardParams& params) { return {{params.inputs, params.coeffs}, {params.outputs}}; }
+OperandSet operands_of(const BackwardParams& params) {
+  return {{params.d_outputs, params.coeffs, params.outputs}, {params.d_inputs, params.d_coeffs}};
 }
 
-bool pipe_supports(const BackwardParams& params) {
-  return params.cu_seqlens == nullptr && readable_in_time(params.d_outputs) && readable_in_time(params.coeffs) &&
-         contiguous_in_time(params.outputs) && contiguous_in_time(params.d_inputs) &&
-         contiguous_in_time(params.d_coeffs);
+// The config for a call. Time-contiguous operands (read ones may be broadcast along time) take the
+// row kernels: many sequences a pipe each, the smallest tile holding the whole sequence (else the
+// largest, looping); few long ones chained across blocks; Vectorized where every row of every
+// operand is aligned. A config forced in the params picks the tile shape of the row kernels.
+// Other strides take the strided kernels, piped or chained by the same rule.
+template <typename T>
+PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operands, int multiprocessors) {
+  bool time_last = true, broadcast = false, aligned = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;
+  for (const Operand& operand : operands.reads) {
+    time_last = time_last && readable_in_time(operand);
+    broadcast = broadcast || operand.time_stride == 0;
+    aligned = aligned && rows_aligned<T>(layout, operand);
+  }
+  for (const Operand& operand : operands.writes) {
+    time_last = time_last && contiguous_in_time(operand);
+    aligned = aligned && rows_aligned<T>(layout, operand);
+  }
+  const bool forced = layout.threads_per_sequence > 0;
+  const bool few_rows = layout.num_rows() < static_cast<int64_t>(kPipeRowsPerMultiprocessor) * multiprocessors;
+  const Access access = aligned ? Access::Vectorized : Access::Staged;
+  if (time_last && broadcast && (forced || !few_rows))
+    return PipeConfig{kBroadcastTileShape[0], kBroadcastTileShape[1], layout.reverse, Access::Staged, true};
+  if (time_last && !broadcast) {
+    if (forced) {
+      const bool chained = layout.threads_per_sequence == kChainedTileShape[0];
+      return PipeConfig{layout.threads_per_sequence, layout.vectors_per_thread, layout.reverse, access, false,
+                        chained ? Schedule::Chained : Schedule::Pipe};
+    }
+    const int64_t chained_tile = static_cast<int64_t>(kChainedTileShape[0]) * kChainedTileShape[1] *
+                                 items_per_vector<accumulator_t<T>>();
+    if (few_rows && layout.seq_len > chained_tile)
+      return PipeConfig{kChainedTileShape[0], kChainedTileShape[1], layout.reverse, access, false, Schedule::Chained};
+    for (const auto& [threads, vectors] : kTileShapes)
+      if (static_cast<int64_t>(threads) * vectors * items_per_vector<T>() >= layout.seq_len)
+        return PipeConfig{threads, vectors, layout.reverse, access};
+    return PipeConfig{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, access};
+  }
+  // Strided time, or few rows broadcast along time (one lane per row, rather than a pipe per row).
+  const int64_t groups = (layout.num_rows() + kWarp - 1) / kWarp;
+  const int64_t strided_tile = static_cast<int64_t>(kStridedTileShape[0]) * kStridedTileShape[1] *
+                               items_per_vector<accumulator_t<T>>();
+  const bool chained = groups < static_cast<int64_t>(kPipeGroupsPerMultiprocessor) * multiprocessors &&
+                       layout.seq_len > strided_tile;
+  return PipeConfig{kStridedTileShape[0], kStridedTileShape[1], layout.reverse, Access::Strided, false,
+                    chained ? Schedule::Chained : Schedule::Pipe};
+}
+
+// Calls body.template operator()<T, Config>() with the element type and the config of a call.
+template <typename Params, typename Body>
+void dispatch_call(const Params& params, Body&& body) {
+  dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
+    const PipeConfig config = choose_config<T>(params, operands_of(params), multiprocessor_count());
+    dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() { body.template operator()<T, Config>(); });
+  });
+}
+
+// Blocks of a launch: one per group of sequences (Pipe), one per chunk of every group (Chained).
+template <typename T, PipeConfig Config>
+dim3 grid_for(const SequenceLayout& layout) {
+  const auto chain = PipeThread<T, Config, false>::chain_layout(layout);
+  return dim3(static_cast<unsigned>(Config.schedule == Schedule::Chained ? chain.num_entries() : chain.num_groups));
+}
+
+template <typename Params>
+int64_t pipe_workspace_bytes(const Params& params) {
+  int64_t bytes = 0;
+  dispatch_call(params, [&]<typename T, PipeConfig Config>() {
+    if constexpr (Config.schedule == Schedule::Chained) bytes = PipeThread<T, Config, false>::chain_layout(params).bytes();
+  });
+  return bytes;
+}
+
+// A chained config's workspace, checked: a launch without one would read through null pointers.
+template <PipeConfig Config>
+void check_workspace(const SequenceLayout& layout) {
+  if (Config.schedule == Schedule::Chained && layout.workspace == nullptr)
+    throw std::invalid_argument("linrec: the chained kernels need the workspace that workspace_bytes() asks for");
+}
+
+}  // namespace
+
+bool pipe_supports(const SequenceLayout& layout) { return layout.cu_seqlens == nullptr; }
+
+int64_t workspace_bytes(const ForwardParams& params) {
+  return pipe_supports(params) && params.numel() > 0 ? pipe_workspace_bytes(params) : 0;
+}
+
+int64_t workspace_bytes(const BackwardParams& params) {
+  return pipe_supports(params) && params.numel() > 0 ? pipe_workspace_bytes(params) : 0;
 }
 
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
-  dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
-    const PipeConfig config = choose_config<T>(params, {params.inputs, params.coeffs, params.outputs});
-    dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() {
-      pipe_forward_kernel<T, Policy<Config>>
-          <<<grid_for<Config>(params.num_rows()), block_threads(Config.threads_per_sequence), 0, stream>>>(params);
-    });
+  dispatch_call(params, [&]<typename T, PipeConfig Config>() {
+    check_workspace<Config>(params);
+    pipe_forward_kernel<T, Policy<Config>><<<grid_for<T, Config>(params), block_threads(Config), 0, stream>>>(params);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
-  dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
-    const PipeConfig config = choose_config<T>(
-        params, {params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs});
-    dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() {
-      pipe_backward_kernel<T, Policy<Config>>
-          <<<grid_for<Config>(params.num_rows()), block_threads(Config.threads_per_sequence), 0, stream>>>(params);
-    });
+  dispatch_call(params, [&]<typename T, PipeConfig Config>() {
+    check_workspace<Config>(params);
+    pipe_backward_kernel<T, Policy<Config>><<<grid_for<T, Config>(params), block_threads(Config), 0, stream>>>(params);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }

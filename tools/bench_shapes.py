@@ -1,0 +1,53 @@
+"""Ratio to torch.add of the compiled kernels on a few shapes, for quick A/B runs on the GPU machine
+(linrec.bench measures the full tables with the references):
+
+    python tools/bench_shapes.py [--dtypes float32,bfloat16] SHAPE:DIM[:COEFFS] ...
+
+SHAPE and COEFFS are 'x'-separated sizes, e.g. 8x4096x4096:1 or 13200x4096:-1:13200x1.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import linrec  # noqa: F401  (registers the ops)
+from linrec.bench import timer
+
+
+def parse(case: str):
+    parts = case.split(":")
+    shape = tuple(int(n) for n in parts[0].split("x"))
+    dim = int(parts[1]) if len(parts) > 1 else -1
+    coeffs_shape = tuple(int(n) for n in parts[2].split("x")) if len(parts) > 2 else shape
+    return shape, dim, coeffs_shape
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--config", default="0,0", help="threads_per_sequence,vectors_per_thread (0,0: automatic)")
+    parser.add_argument("cases", nargs="+")
+    args = parser.parse_args()
+    time_ms = timer(torch.device("cuda"))
+    config = [int(n) for n in args.config.split(",")]
+    print(f"{'dtype':>8} {'case':>24} {'fwd x add':>9} {'bwd x add':>9}")
+    for dtype in [getattr(torch, name) for name in args.dtypes.split(",")]:
+        for case in args.cases:
+            shape, dim, coeffs_shape = parse(case)
+            inputs = torch.randn(shape, device="cuda", dtype=dtype)
+            coeffs = torch.rand(coeffs_shape, device="cuda", dtype=dtype)
+            full_coeffs = torch.rand_like(inputs)
+            d_outputs = torch.randn_like(inputs)
+            outputs = torch.ops.linrec.forward(inputs, coeffs, dim)
+            add_ms = time_ms(lambda: torch.add(inputs, full_coeffs))
+            forward_ms = time_ms(lambda: torch.ops.linrec.forward(inputs, coeffs, dim, False, None, None, False, *config))
+            backward_ms = time_ms(
+                lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim, False, None, None, False, *config))
+            print(f"{str(dtype).removeprefix('torch.'):>8} {case:>24} {add_ms / forward_ms:>9.2f} "
+                  f"{5 / 3 * add_ms / backward_ms:>9.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
