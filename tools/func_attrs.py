@@ -22,7 +22,8 @@ from pathlib import Path
 
 CONFIG = re.compile(
     r"pipe_(?P<direction>forward|backward)_kernel<(?P<dtype>[\w:<>]+), .*PipeConfig\{(?P<threads>\d+), (?P<vectors>\d+), "
-    r"(?P<reverse>true|false), \(linrec::Access\)(?P<access>\d)(?:, (?P<broadcast>true|false))?\}"
+    r"(?P<reverse>true|false), \(linrec::Access\)(?P<access>\d)(?:, (?P<broadcast>true|false))?"
+    r"(?:, \(linrec::Schedule\)(?P<schedule>\d))?\}"
 )
 SEQUENTIAL = re.compile(r"sequential_(?P<direction>forward|backward)_kernel<(?P<dtype>.+?)\s*>\(")
 DTYPES = {
@@ -33,7 +34,8 @@ DTYPES = {
     "linrec::Complex<float>": "complex64",
     "linrec::Complex<double>": "complex128",
 }
-ACCESS = {"0": "vectorized", "1": "staged"}  # linrec::Access, csrc/include/linrec/memio.h
+ACCESS = {"0": "vectorized", "1": "staged", "2": "strided"}  # linrec::Access, csrc/include/linrec/memio.h
+SCHEDULE = {None: "", "0": "", "1": "+chain"}  # linrec::Schedule, csrc/kernels/cuda/pipe_scan.cu
 
 
 def find_cuobjdump() -> str:
@@ -73,7 +75,7 @@ def main() -> None:
             name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
             rows.append((arch, name, usage))
             mangled = None
-    print(f"{'arch':<7} {'kernel':<8} {'dtype':<10} {'threads':>7} {'vectors':>7} {'reverse':>7} {'access':>10} "
+    print(f"{'arch':<7} {'kernel':<8} {'dtype':<10} {'threads':>7} {'vectors':>7} {'reverse':>7} {'access':>16} "
           f"{'REG':>4} {'STACK':>5} {'LOCAL':>5} {'SHARED':>6}")
     def order(row):
         match = CONFIG.search(row[1])
@@ -88,13 +90,13 @@ def main() -> None:
             sequential = SEQUENTIAL.search(name)
             if sequential:  # one thread per sequence: no tile config
                 print(f"{arch:<7} {sequential['direction']:<8} {DTYPES.get(sequential['dtype'], sequential['dtype']):<10} "
-                      f"{'sequential':>44} {usage['REG']:>4} {usage['STACK']:>5} {usage['LOCAL']:>5} {usage['SHARED']:>6}")
+                      f"{'sequential':>50} {usage['REG']:>4} {usage['STACK']:>5} {usage['LOCAL']:>5} {usage['SHARED']:>6}")
             else:
                 print(f"{arch:<7} {name}: REG {usage['REG']} STACK {usage['STACK']} LOCAL {usage['LOCAL']}")
             continue
         print(
             f"{arch:<7} {match['direction']:<8} {DTYPES.get(match['dtype'], match['dtype']):<10} {match['threads']:>7} "
-            f"{match['vectors']:>7} {match['reverse']:>7} {ACCESS[match['access']] + ('+bc' if match['broadcast'] == 'true' else ''):>10} {usage['REG']:>4} {usage['STACK']:>5} "
+            f"{match['vectors']:>7} {match['reverse']:>7} {ACCESS[match['access']] + ('+bc' if match['broadcast'] == 'true' else '') + SCHEDULE[match['schedule']]:>16} {usage['REG']:>4} {usage['STACK']:>5} "
             f"{usage['LOCAL']:>5} {usage['SHARED']:>6}"
         )
     print(f"{len(rows)} kernels in {library}; {spilling} use a stack frame or local memory (spills)")

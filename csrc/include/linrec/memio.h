@@ -56,12 +56,12 @@ struct TileIO {
 
   // Loads are split in two so that a kernel can issue the next tile's loads before it works on the
   // current one: fetch() moves global memory into registers in the strategy's order (the thread's
-  // chunk for Vectorized; every ThreadsPerSequence-th element of the tile from rank on for Staged),
-  // arrange() then makes it the chunk: items[i] = row[tile_begin + rank * Items + i], fill past length.
-  // time_stride is 1 or, for a row broadcast along time (one element for every step), 0: a runtime
-  // value only in the kernels compiled for broadcast operands (Staged); the others pass UnitStride,
-  // a compile-time 1, which keeps the loads' offsets immediate (a runtime stride costs the
-  // 16-bit staged backward half its speed).
+  // chunk for Vectorized and Strided; every ThreadsPerSequence-th element of the tile from rank on for
+  // Staged), arrange() then makes it the chunk: items[i] = row[(tile_begin + rank * Items + i) *
+  // time_stride], fill past length. time_stride is a runtime value for Strided and for rows broadcast
+  // along time (0, in the Staged kernels compiled for broadcast operands); the others pass UnitStride,
+  // a compile-time 1, which keeps the loads' offsets immediate (a runtime stride costs the 16-bit
+  // staged backward half its speed). Vectorized ignores it: its rows are contiguous.
   template <typename Acc, typename Stride>
   __device__ __forceinline__ void fetch(const T* row, Stride time_stride, int64_t tile_begin, int64_t length,
                                         Acc (&items)[Items], Acc fill) const {
