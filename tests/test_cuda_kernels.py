@@ -110,7 +110,7 @@ def test_every_config_with_initial_and_broadcast_coeffs(seed, config, dtype, rev
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("shape, dim", [((3, 1000, 67), 1), ((2, 70000, 5), 1), ((1, 33, 4097), 1)], ids=str)
 def test_strided_time_dim_at_size(seed, shape, dim, reverse):
-    """Time in the middle dim (the sequential kernels), long and wide, with an initial state."""
+    """Time in the middle dim (the strided kernels), long and wide, with an initial state."""
     inputs, coeffs = random_operands(shape, torch.float32, "cuda")
     initial = random_values((shape[0], shape[2]), torch.float32, "cuda")
     d_outputs = random_values(shape, torch.float32, "cuda")

@@ -37,7 +37,8 @@ PY
   if [ -x build/cmake/linrec_check_kernels ]; then
     for tool in memcheck racecheck; do
       echo "compute-sanitizer --tool $tool build/cmake/linrec_check_kernels 4097"
-      compute-sanitizer --tool "$tool" --error-exitcode 3 build/cmake/linrec_check_kernels 4097 2>&1 | tail -3
+      # A time limit: a chained kernel waiting on a chunk that never comes would otherwise hang here.
+      timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 3 build/cmake/linrec_check_kernels 4097 2>&1 | tail -3
     done
   fi
 } 2>&1 | tee "$out/checks.txt"

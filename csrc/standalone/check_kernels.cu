@@ -125,7 +125,7 @@ bool matches(const char* what, const std::vector<W>& actual, const std::vector<W
 struct Case {
   int64_t rows, seq_len;
   bool reverse;
-  bool channels_innermost = false;  // (time, rows) memory: the sequential kernels' coalesced layout
+  bool channels_innermost = false;  // (time, rows) memory: the strided kernels' coalesced layout
   bool broadcast_coeffs = false;    // one coefficient per row, time stride 0
   bool initial = false;
   int64_t packed = 1;               // > 1: that many packed sequences (cu_seqlens), uneven lengths
@@ -273,8 +273,8 @@ int main(int argc, char** argv) {
       for (bool reverse : {false, true}) {
         for (int64_t seq_len : {int64_t(1), int64_t(2), int64_t(31), int64_t(33), int64_t(1000), max_length})
           all_ok &= check_case<T>(dtype, Case{131, seq_len, reverse}, rng);
-        // The branches of the pipe kernels (initial, broadcast coefficients) and the sequential kernels
-        // (channels innermost, packed sequences).
+        // The branches of the pipe kernels (initial, broadcast coefficients, channels innermost) and the
+        // sequential kernels (packed sequences).
         all_ok &= check_case<T>(dtype, Case{67, 1001, reverse, false, true, true}, rng);
         all_ok &= check_case<T>(dtype, Case{67, 301, reverse, true, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{33, 301, reverse, true, true, true, 9}, rng);
