@@ -107,9 +107,12 @@ __host__ __device__ constexpr int block_threads(const PipeConfig& config) {
 
 // Blocks of 256 threads a forward kernel is compiled to fit on an SM at once (registers capped at
 // 85): chained and strided blocks hold a whole tile while they wait on memory or the look-back, and
-// need another block's loads in flight meanwhile.
+// need another block's loads in flight meanwhile. Not for 8- and 16-byte accumulators, whose tiles
+// then spill hundreds of bytes.
+template <typename T>
 __host__ __device__ constexpr int min_blocks_forward(const PipeConfig& config) {
-  return config.access == Access::Strided || config.schedule == Schedule::Chained ? 3 : 1;
+  const bool holds_tile = config.access == Access::Strided || config.schedule == Schedule::Chained;
+  return holds_tile && sizeof(accumulator_t<T>) == sizeof(float) ? 3 : 1;
 }
 
 __host__ __device__ constexpr int sequences_per_block(const PipeConfig& config) {
@@ -155,7 +158,9 @@ struct PipeThread {
   // their latency overlaps the scan. It holds a second tile in registers: worth it for 32- and 64-bit
   // types (float32 backward 0.93 -> 0.95 of torch.add on an H100), not for 16-bit ones, whose 16 items
   // a thread in float registers then cost occupancy (bfloat16 backward 0.94 -> 0.74); nor where a
-  // thread's loads are element by element (Strided: many loads in flight already) or it scans one tile.
+  // thread's loads are element by element (Strided: prefetching there took 8 x 4096 x 4096 along dim 1
+  // from 0.92 / 0.92 to 0.83 / 0.93 in float32, 0.71 / 0.56 to 0.58 / 0.36 in bfloat16) or a block
+  // scans one tile.
   static constexpr bool kPrefetch = sizeof(T) >= sizeof(float) && !kStrided && !kChained;
   // A sequence's threads: a run of lanes of one or more warps (time-contiguous rows), or one lane in
   // each of threads_per_sequence warps (strided time).
@@ -271,7 +276,7 @@ struct PipeThread {
 };
 
 template <typename T, typename PolicyT>
-__global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_forward(PolicyT::config))
+__global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_forward<T>(PolicyT::config))
     pipe_forward_kernel(ForwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
   using Thread = PipeThread<T, Config, Config.reverse>;
