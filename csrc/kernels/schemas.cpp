@@ -8,9 +8,9 @@ STABLE_TORCH_LIBRARY(linrec, m) {
   // element to the first. coeffs broadcast to inputs; initial has inputs' shape without dim;
   // cu_seqlens packs sequences along dim (batch dim 0 of size 1), restarting at each boundary, with
   // initial's dim 0 counting them; log_coeffs: coeffs hold log c.
-  // threads_per_sequence and vectors_per_thread force a CUDA pipe kernel config (for tuning; the CPU,
-  // the sequential kernels and the pipe kernels for operands broadcast along time ignore them); 0 and
-  // 0 choose one per shape.
+  // threads_per_sequence and vectors_per_thread force the tile shape of the CUDA kernels for
+  // time-contiguous rows (for tuning; 256 and 4 chain a sequence across blocks; the CPU, strided time,
+  // packed sequences and operands broadcast along time ignore them); 0 and 0 choose one per shape.
   m.def("forward(Tensor inputs, Tensor coeffs, int dim=-1, bool reverse=False, Tensor? initial=None, "
         "Tensor? cu_seqlens=None, bool log_coeffs=False, int threads_per_sequence=0, int vectors_per_thread=0) "
         "-> Tensor");

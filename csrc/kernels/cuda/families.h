@@ -10,7 +10,7 @@ namespace linrec::cuda {
 // Pipe kernels (pipe_scan.cu): segments of threads scan tiles of a sequence, coalesced along time
 // where time is contiguous, across channels where it is not; sequences too few for the GPU are split
 // across blocks (chained). They take any strides, one sequence per row (no cu_seqlens). The chained
-// configs need the workspace that workspace_size() (cuda_launch.h) reports.
+// configs need the workspace that workspace_bytes() (cuda_launch.h) reports.
 bool pipe_supports(const SequenceLayout& layout);
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream);
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream);

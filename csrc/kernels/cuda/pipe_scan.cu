@@ -122,11 +122,17 @@ __host__ __device__ constexpr int sequences_per_block(const PipeConfig& config) 
 template <typename T>
 __host__ __device__ constexpr int items_per_vector() { return 16 / sizeof(T); }
 
-template <typename T, PipeConfig Config>
-__host__ __device__ constexpr int items_per_thread() {
-  if constexpr (Config.access == Access::Strided || Config.schedule == Schedule::Chained)
-    return Config.vectors_per_thread * items_per_vector<accumulator_t<T>>();
-  else return Config.vectors_per_thread * items_per_vector<T>();
+template <typename T>
+__host__ __device__ constexpr int items_per_thread(const PipeConfig& config) {
+  if (config.access == Access::Strided || config.schedule == Schedule::Chained)
+    return config.vectors_per_thread * items_per_vector<accumulator_t<T>>();
+  return config.vectors_per_thread * items_per_vector<T>();
+}
+
+// Elements of a sequence one tile covers.
+template <typename T>
+__host__ __device__ constexpr int64_t tile_length(const PipeConfig& config) {
+  return static_cast<int64_t>(config.threads_per_sequence) * items_per_thread<T>(config);
 }
 
 // Coefficients given as logs (log_coeffs) become the coefficients. Called under one branch per
@@ -151,7 +157,7 @@ struct PipeThread {
   using Acc = accumulator_t<T>;
   static constexpr bool kStrided = Config.access == Access::Strided;
   static constexpr bool kChained = Config.schedule == Schedule::Chained;
-  static constexpr int kItems = items_per_thread<T, Config>();
+  static constexpr int kItems = items_per_thread<T>(Config);
   static constexpr int kTile = Config.threads_per_sequence * kItems;
   static constexpr int kSequencesPerBlock = sequences_per_block(Config);
   // Whether the pipe loop issues the next tile's loads before scanning the current tile, so that
@@ -492,23 +498,21 @@ PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operand
       return PipeConfig{layout.threads_per_sequence, layout.vectors_per_thread, layout.reverse, access, false,
                         chained ? Schedule::Chained : Schedule::Pipe};
     }
-    const int64_t chained_tile = static_cast<int64_t>(kChainedTileShape[0]) * kChainedTileShape[1] *
-                                 items_per_vector<accumulator_t<T>>();
-    if (few_rows && layout.seq_len > chained_tile)
-      return PipeConfig{kChainedTileShape[0], kChainedTileShape[1], layout.reverse, access, false, Schedule::Chained};
-    for (const auto& [threads, vectors] : kTileShapes)
-      if (static_cast<int64_t>(threads) * vectors * items_per_vector<T>() >= layout.seq_len)
-        return PipeConfig{threads, vectors, layout.reverse, access};
+    const PipeConfig chained{kChainedTileShape[0], kChainedTileShape[1], layout.reverse, access, false, Schedule::Chained};
+    if (few_rows && layout.seq_len > tile_length<T>(chained)) return chained;
+    for (const auto& [threads, vectors] : kTileShapes) {
+      const PipeConfig pipe{threads, vectors, layout.reverse, access};
+      if (tile_length<T>(pipe) >= layout.seq_len) return pipe;
+    }
     return PipeConfig{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, access};
   }
   // Strided time, or few rows broadcast along time (one lane per row, rather than a pipe per row).
   const int64_t groups = (layout.num_rows() + kWarp - 1) / kWarp;
-  const int64_t strided_tile = static_cast<int64_t>(kStridedTileShape[0]) * kStridedTileShape[1] *
-                               items_per_vector<accumulator_t<T>>();
-  const bool chained = groups < static_cast<int64_t>(kPipeGroupsPerMultiprocessor) * multiprocessors &&
-                       layout.seq_len > strided_tile;
-  return PipeConfig{kStridedTileShape[0], kStridedTileShape[1], layout.reverse, Access::Strided, false,
-                    chained ? Schedule::Chained : Schedule::Pipe};
+  PipeConfig strided{kStridedTileShape[0], kStridedTileShape[1], layout.reverse, Access::Strided};
+  if (groups < static_cast<int64_t>(kPipeGroupsPerMultiprocessor) * multiprocessors &&
+      layout.seq_len > tile_length<T>(strided))
+    strided.schedule = Schedule::Chained;
+  return strided;
 }
 
 // Calls body.template operator()<T, Config>() with the element type and the config of a call.
