@@ -170,12 +170,14 @@ struct ChainedPrefix {
     bool done = !valid;
     for (int64_t end = chunk;; end -= window) {
       Acc coeff[WindowItems], value[WindowItems];
+      bool polls[WindowItems];
       #pragma unroll
       for (int i = 0; i < WindowItems; ++i) {
         const int64_t polled = end - window + static_cast<int64_t>(rank) * WindowItems + i;
+        polls[i] = !done && polled >= 0;
         coeff[i] = Acc(1), value[i] = Acc(0);  // the identity, for chunks before the first
-        if (!done && polled >= 0) poll(polled, coeff[i], value[i]);
       }
+      poll(end - window + static_cast<int64_t>(rank) * WindowItems, polls, coeff, value);
       Affine<Acc> window_map{Acc(1), Acc(0)};
       const auto take_total = [&window_map](const Affine<Acc>& total) {
         window_map = total;
@@ -200,24 +202,57 @@ struct ChainedPrefix {
     else return value == Acc(0);
   }
 
-  // Waits until chunk `k` of the thread's sequence is published and reads its map: the aggregate,
-  // or the constant map to the inclusive output.
-  __device__ __forceinline__ void poll(int64_t k, Acc& coeff, Acc& value) const {
+  // One read of chunk `k`'s status: false while it is pending, else true with its map (the
+  // aggregate, or the constant map to the inclusive output).
+  __device__ __forceinline__ bool try_read(int64_t k, Acc& coeff, Acc& value) const {
     if constexpr (kPacked) {
-      PackedStatus status;
-      while ((status = load_status(statuses() + slot(k))).state == kChunkPending) __nanosleep(32);
+      const PackedStatus status = load_status(statuses() + slot(k));
       coeff = status.state == kChunkInclusive ? 0.0f : status.coeff;
       value = status.value;
+      return status.state != kChunkPending;
     } else {
-      int state;
-      while ((state = load_acquire(flag(k))) == kChunkPending) __nanosleep(32);
+      const int state = load_acquire(flag(k));
       if (state == kChunkInclusive) {
         coeff = Acc(0);
         value = load_published(inclusive() + slot(k));
-      } else {
+      } else if (state == kChunkAggregate) {
         coeff = load_published(&aggregates()[slot(k)].coeff);
         value = load_published(&aggregates()[slot(k)].value);
       }
+      return state != kChunkPending;
+    }
+  }
+
+  // Reads the maps of chunks first .. first + WindowItems - 1 of the thread's sequence (those `polls`
+  // marks; the others keep the identity), waiting for those still pending: all are read at once, and
+  // the pending ones again, together, round after round (a round trip to L2 a round). A look-back by
+  // one warp (a chunk a lane) waits only for the chunks after the last constant map it has read: the
+  // ones before are annihilated by it, and their blocks may still be loading (with coefficients in
+  // [0, 1) a 4096-element chunk's map is constant in float32, and the chunk before is all it needs).
+  __device__ __forceinline__ void poll(int64_t first, const bool (&polls)[WindowItems], Acc (&coeff)[WindowItems],
+                                       Acc (&value)[WindowItems]) const {
+    static_assert(!kWarpOnly || WindowItems == 1, "a look-back by one warp reads a chunk a lane");
+    bool pending[WindowItems];
+    #pragma unroll
+    for (int i = 0; i < WindowItems; ++i) pending[i] = polls[i] && !try_read(first + i, coeff[i], value[i]);
+    for (;;) {
+      bool waits = false;
+      if constexpr (kWarpOnly) {
+        const unsigned constant = __ballot_sync(0xffffffffu, polls[0] && !pending[0] && is_zero(coeff[0]));
+        if (static_cast<uint64_t>(constant) >> (rank + 1) != 0) {  // a later chunk's map is constant
+          pending[0] = false;
+          coeff[0] = Acc(1), value[0] = Acc(0);
+        }
+        waits = __any_sync(0xffffffffu, pending[0]);
+      } else {
+        #pragma unroll
+        for (int i = 0; i < WindowItems; ++i) waits = waits || pending[i];
+      }
+      if (!waits) break;
+      __nanosleep(32);
+      #pragma unroll
+      for (int i = 0; i < WindowItems; ++i)
+        if (pending[i]) pending[i] = !try_read(first + i, coeff[i], value[i]);
     }
   }
 };
