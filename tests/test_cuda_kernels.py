@@ -5,6 +5,8 @@ strided, and the sizes where offsets need 64 bits. The references are the CPU ke
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from helpers import DTYPES, assert_matches, random_coeffs, random_operands, random_values, wide
@@ -172,6 +174,26 @@ def test_strided_time_chained_and_piped(seed, dtype, reverse):
         check_with_features(inputs, coeffs, 1, reverse)
     inputs, coeffs = random_operands((2, tile + 1, 4500), dtype, "cuda")
     check_with_features(inputs, coeffs, 1, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chained_look_back_across_windows(seed, dtype, reverse):
+    """Coefficients of magnitude near 1: no chunk's map is constant (with |c| < 1 at random, a chunk's
+    product of coefficients underflows to 0, and the look-back stops at the chunk before), so the
+    look-back composes aggregates back through more than one 32-chunk window to the first chunk or an
+    inclusive one. Rows and strided time."""
+    row_tile = tile_length(CHAINED_TILE_SHAPE, dtype)
+    strided_tile = 8 * 4 * 16 // accumulator_size(dtype)
+    for shape, dim in [((2, 33 * row_tile + 1), -1), ((1, 33 * strided_tile + 1, 40), 1)]:
+        inputs = random_values(shape, dtype, "cuda")
+        magnitude = 0.99 + 0.01 * torch.rand(shape, dtype=torch.float64)
+        if dtype.is_complex:
+            coeffs = torch.polar(magnitude, torch.rand(shape, dtype=torch.float64) * 2 * math.pi)
+        else:
+            coeffs = magnitude * (torch.randint(0, 2, shape) * 2 - 1)
+        coeffs = coeffs.to(dtype).to("cuda")
+        check_with_features(inputs, coeffs, dim, reverse)
 
 
 @pytest.mark.parametrize("reverse", [False, True])

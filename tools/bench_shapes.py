@@ -1,7 +1,7 @@
 """Ratio to torch.add of the compiled kernels on a few shapes, for quick A/B runs on the GPU machine
 (linrec.bench measures the full tables with the references):
 
-    python tools/bench_shapes.py [--dtypes float32,bfloat16] SHAPE:DIM[:COEFFS] ...
+    python tools/bench_shapes.py [--dtypes float32,bfloat16] [--coeff-range 0,1] SHAPE:DIM[:COEFFS] ...
 
 SHAPE and COEFFS are 'x'-separated sizes, e.g. 8x4096x4096:1 or 13200x4096:-1:13200x1.
 """
@@ -28,16 +28,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--config", default="0,0", help="threads_per_sequence,vectors_per_thread (0,0: automatic)")
+    parser.add_argument("--coeff-range", default="0,1",
+                        help="LOW,HIGH: coefficients uniform in [LOW, HIGH) (near 1, chunks' maps are not constant)")
     parser.add_argument("cases", nargs="+")
     args = parser.parse_args()
     time_ms = timer(torch.device("cuda"))
     config = [int(n) for n in args.config.split(",")]
+    low, high = (float(n) for n in args.coeff_range.split(","))
     print(f"{'dtype':>8} {'case':>24} {'fwd x add':>9} {'bwd x add':>9}")
     for dtype in [getattr(torch, name) for name in args.dtypes.split(",")]:
         for case in args.cases:
             shape, dim, coeffs_shape = parse(case)
             inputs = torch.randn(shape, device="cuda", dtype=dtype)
-            coeffs = torch.rand(coeffs_shape, device="cuda", dtype=dtype)
+            coeffs = torch.empty(coeffs_shape, device="cuda", dtype=dtype).uniform_(low, high)
             full_coeffs = torch.rand_like(inputs)
             d_outputs = torch.randn_like(inputs)
             outputs = torch.ops.linrec.forward(inputs, coeffs, dim)
