@@ -38,13 +38,14 @@ def random_values(shape, dtype, device="cpu", requires_grad=False):
     return values.to(dtype).to(device).requires_grad_(requires_grad)
 
 
-def random_coeffs(shape, dtype, device="cpu", requires_grad=False):
-    """|c| ~ U(0, 1) with a random sign (complex: a random phase): stable recurrences, both signs."""
-    magnitude = torch.rand(shape, dtype=torch.float64)
+def random_coeffs(shape, dtype, device="cpu", requires_grad=False, min_magnitude=0.0):
+    """|c| ~ U(min_magnitude, 1) with a random sign (complex: a random phase): stable recurrences, both
+    signs. Near 1, products of many coefficients stay away from 0 (long memory)."""
+    magnitude = min_magnitude + (1 - min_magnitude) * torch.rand(shape, dtype=torch.float64)
     if dtype.is_complex:
         coeffs = torch.polar(magnitude, torch.rand(shape, dtype=torch.float64) * 2 * math.pi)
     else:
-        coeffs = magnitude * 2 - 1
+        coeffs = magnitude * (torch.randint(0, 2, shape) * 2 - 1)
     return coeffs.to(dtype).to(device).requires_grad_(requires_grad)
 
 

@@ -5,8 +5,6 @@ strided, and the sizes where offsets need 64 bits. The references are the CPU ke
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from helpers import DTYPES, assert_matches, random_coeffs, random_operands, random_values, wide
@@ -45,6 +43,11 @@ def tile_length(config, dtype):
     threads, vectors = config
     vector_bytes = accumulator_size(dtype) if config == CHAINED_TILE_SHAPE else torch.empty((), dtype=dtype).element_size()
     return threads * vectors * 16 // vector_bytes
+
+
+def strided_tile_length(dtype):
+    """Time steps of a strided tile: kStridedTileShape, 8 warps x 4 accumulator vectors a thread."""
+    return 8 * 4 * 16 // accumulator_size(dtype)
 
 
 def poison_free_memory(numel, dtype):
@@ -168,7 +171,7 @@ def test_few_long_rows_chained(seed, dtype, reverse):
 def test_strided_time_chained_and_piped(seed, dtype, reverse):
     """(batch, time, channels) along dim=1: a warp's lanes on neighbouring channels; 40 channels are a
     full and a partial group of 32, chained along time; 9000 channels are enough groups for a pipe each."""
-    tile = 8 * 4 * 16 // accumulator_size(dtype)  # kStridedTileShape: 8 warps, 4 accumulator vectors a thread
+    tile = strided_tile_length(dtype)
     for length in chunk_boundary_lengths(tile):
         inputs, coeffs = random_operands((1, length, 40), dtype, "cuda")
         check_with_features(inputs, coeffs, 1, reverse)
@@ -183,16 +186,10 @@ def test_chained_look_back_across_windows(seed, dtype, reverse):
     product of coefficients underflows to 0, and the look-back stops at the chunk before), so the
     look-back composes aggregates back through more than one 32-chunk window to the first chunk or an
     inclusive one. Rows and strided time."""
-    row_tile = tile_length(CHAINED_TILE_SHAPE, dtype)
-    strided_tile = 8 * 4 * 16 // accumulator_size(dtype)
+    row_tile, strided_tile = tile_length(CHAINED_TILE_SHAPE, dtype), strided_tile_length(dtype)
     for shape, dim in [((2, 33 * row_tile + 1), -1), ((1, 33 * strided_tile + 1, 40), 1)]:
         inputs = random_values(shape, dtype, "cuda")
-        magnitude = 0.99 + 0.01 * torch.rand(shape, dtype=torch.float64)
-        if dtype.is_complex:
-            coeffs = torch.polar(magnitude, torch.rand(shape, dtype=torch.float64) * 2 * math.pi)
-        else:
-            coeffs = magnitude * (torch.randint(0, 2, shape) * 2 - 1)
-        coeffs = coeffs.to(dtype).to("cuda")
+        coeffs = random_coeffs(shape, dtype, "cuda", min_magnitude=0.99)
         check_with_features(inputs, coeffs, dim, reverse)
 
 
