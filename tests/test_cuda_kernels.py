@@ -77,7 +77,7 @@ def check_config(shape, dtype, reverse, config, misaligned=False):
 @pytest.mark.parametrize("config", TILE_SHAPES, ids=str)
 def test_every_compiled_config(seed, config, dtype, reverse):
     tile = tile_length(config, dtype)
-    for length in sorted({1, 2, tile - 1, tile, tile + 1, 3 * tile + 5}):
+    for length in sorted({1, 2, tile - 1, tile, tile + 1, 3 * tile + 5, 3 * tile + 8}):
         if length > 0:
             check_config((37, length), dtype, reverse, config)
     check_config((5, 2 * tile), dtype, reverse, config, misaligned=True)
@@ -152,8 +152,10 @@ def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False):
 
 
 def chunk_boundary_lengths(tile):
-    """Lengths around the first chunk boundaries and past one look-back window of 32 chunks."""
-    return [tile - 1, tile, tile + 1, 2 * tile + 1, 33 * tile - 1, 33 * tile + 1]
+    """Lengths around the first chunk boundaries and past one look-back window of 32 chunks: odd ones
+    (unaligned rows, the staged kernels) and multiples of 8 that are not whole chunks (16-byte aligned
+    rows in every dtype, the vectorized kernels, with a partial last chunk)."""
+    return [tile - 1, tile, tile + 1, tile + 8, 2 * tile + 1, 2 * tile + 8, 33 * tile - 1, 33 * tile + 1, 33 * tile + 8]
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -187,10 +189,23 @@ def test_chained_look_back_across_windows(seed, dtype, reverse):
     look-back composes aggregates back through more than one 32-chunk window to the first chunk or an
     inclusive one. Rows and strided time."""
     row_tile, strided_tile = tile_length(CHAINED_TILE_SHAPE, dtype), strided_tile_length(dtype)
-    for shape, dim in [((2, 33 * row_tile + 1), -1), ((1, 33 * strided_tile + 1, 40), 1)]:
+    for shape, dim in [((2, 33 * row_tile + 1), -1), ((2, 33 * row_tile + 8), -1), ((1, 33 * strided_tile + 1, 40), 1)]:
         inputs = random_values(shape, dtype, "cuda")
         coeffs = random_coeffs(shape, dtype, "cuda", min_magnitude=0.99)
         check_with_features(inputs, coeffs, dim, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_chained_blocks_take_many_chunks(seed, dtype, reverse):
+    """More chunks than chained blocks fit on the GPU at once (a few hundred on an H100): blocks that
+    start as others finish, look-backs onto finished chunks; aligned rows (vectorized) with a partial
+    last chunk and whole-chunk rows. Coefficients near 1, so that the look-back walks far."""
+    tile = tile_length(CHAINED_TILE_SHAPE, dtype)
+    for shape in [(3, 700 * tile + 8), (1, 2100 * tile)]:
+        inputs = random_values(shape, dtype, "cuda")
+        coeffs = random_coeffs(shape, dtype, "cuda", min_magnitude=0.99)
+        check_with_features(inputs, coeffs, -1, reverse)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
