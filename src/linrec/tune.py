@@ -22,7 +22,7 @@ from linrec.bench import gpu_shapes, timer
 #: (threads per sequence, 16-byte vectors per thread): pipe_scan.cu's kTileShapes (vectors of the
 #: dtype), then its kChainedTileShape (one tile per block chained across blocks by look-back; vectors
 #: of the accumulator type: float32 for the 16-bit types).
-CHAINED_TILE_SHAPE = (256, 4)
+CHAINED_TILE_SHAPE = (128, 4)
 TILE_SHAPES = [(2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (64, 2), CHAINED_TILE_SHAPE]
 
 
