@@ -65,7 +65,8 @@ constexpr std::array<int, 2> kBroadcastTileShape = kTileShapes.back();
 // is paid for many elements (16 float32 items a thread: 0.39 -> 0.48 of torch.add forward on 1 x 2^24
 // over 8), in blocks of 4 warps, 6 to an SM, so that more blocks load while others look back (over 8
 // warps, 3 to an SM: bfloat16 0.54 / 0.56 -> 0.56 / 0.60 forward / backward on 1 x 2^24, 0.63 / 0.59
-// -> 0.68 / 0.67 on 256 x 65536; float32 within 0.03 either way, docs/benchmarks.md).
+// -> 0.68 / 0.67 on 256 x 65536; float32 forward within 0.02 either way, backward 0 to 0.03 faster;
+// docs/benchmarks.md).
 constexpr std::array<int, 2> kChainedTileShape{128, 4};
 
 // Strided time: 8 warps x 32 channels per block, 4 accumulator vectors (16 float32 items) per thread.
@@ -108,14 +109,17 @@ __host__ __device__ constexpr int block_threads(const PipeConfig& config) {
   return config.threads_per_sequence < kWarp ? kPackedBlockThreads : config.threads_per_sequence;
 }
 
-// Blocks a forward kernel is compiled to fit on an SM at once, 768 threads in all (registers capped
-// at 85): chained and strided blocks hold a whole tile while they wait on memory or the look-back, and
-// need another block's loads in flight meanwhile. Not for 8- and 16-byte accumulators, whose tiles
-// then spill hundreds of bytes.
+// Threads of tile-holding forward blocks compiled to fit on an SM at once (registers capped at 85):
+// chained and strided blocks hold a whole tile while they wait on memory or the look-back, and need
+// other blocks' loads in flight meanwhile. Not for 8- and 16-byte accumulators, whose tiles then spill
+// hundreds of bytes.
+constexpr int kTileHoldingThreadsPerMultiprocessor = 768;
+
 template <typename T>
 __host__ __device__ constexpr int min_blocks_forward(const PipeConfig& config) {
   const bool holds_tile = config.access == Access::Strided || config.schedule == Schedule::Chained;
-  return holds_tile && sizeof(accumulator_t<T>) == sizeof(float) ? 768 / block_threads(config) : 1;
+  if (!holds_tile || sizeof(accumulator_t<T>) != sizeof(float)) return 1;
+  return kTileHoldingThreadsPerMultiprocessor / block_threads(config);
 }
 
 __host__ __device__ constexpr int sequences_per_block(const PipeConfig& config) {
