@@ -154,7 +154,7 @@ def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False):
 def chunk_boundary_lengths(tile):
     """Lengths around the first chunk boundaries and past one look-back window of 32 chunks: odd ones
     (unaligned rows, the staged kernels) and multiples of 8 that are not whole chunks (16-byte aligned
-    rows in every dtype, the vectorized kernels, with a partial last chunk)."""
+    rows in every dtype, the coalesced or vectorized kernels, with a partial last chunk)."""
     return [tile - 1, tile, tile + 1, tile + 8, 2 * tile + 1, 2 * tile + 8, 33 * tile - 1, 33 * tile + 1, 33 * tile + 8]
 
 
@@ -199,8 +199,9 @@ def test_chained_look_back_across_windows(seed, dtype, reverse):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 def test_chained_blocks_take_many_chunks(seed, dtype, reverse):
     """More chunks than chained blocks fit on the GPU at once (a few hundred on an H100): blocks that
-    start as others finish, look-backs onto finished chunks; aligned rows (vectorized) with a partial
-    last chunk and whole-chunk rows. Coefficients near 1, so that the look-back walks far."""
+    start as others finish, look-backs onto finished chunks; aligned rows (coalesced in float32 and
+    float64, vectorized in bfloat16) with a partial last chunk and whole-chunk rows. Coefficients
+    near 1, so that the look-back walks far."""
     tile = tile_length(CHAINED_TILE_SHAPE, dtype)
     for shape in [(3, 700 * tile + 8), (1, 2100 * tile)]:
         inputs = random_values(shape, dtype, "cuda")

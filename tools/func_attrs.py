@@ -34,7 +34,7 @@ DTYPES = {
     "linrec::Complex<float>": "complex64",
     "linrec::Complex<double>": "complex128",
 }
-ACCESS = {"0": "vectorized", "1": "staged", "2": "strided"}  # linrec::Access, csrc/include/linrec/memio.h
+ACCESS = {"0": "vectorized", "1": "staged", "2": "strided", "3": "coalesced"}  # linrec::Access, csrc/include/linrec/memio.h
 SCHEDULE = {None: "", "0": "", "1": "+chain"}  # linrec::Schedule, csrc/kernels/cuda/pipe_scan.cu
 
 

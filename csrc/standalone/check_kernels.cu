@@ -279,8 +279,10 @@ int main(int argc, char** argv) {
         all_ok &= check_case<T>(dtype, Case{67, 301, reverse, true, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{33, 301, reverse, true, true, true, 9}, rng);
         // Chained across blocks (few rows): time-contiguous with more chunks than one look-back window,
+        // unaligned (staged) and 16-byte aligned with a partial last chunk (coalesced or vectorized),
         // strided with a partial group of channels, and strided many channels (piped).
         all_ok &= check_case<T>(dtype, Case{2, 100001, reverse, false, false, true}, rng);
+        all_ok &= check_case<T>(dtype, Case{2, 100008, reverse, false, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{40, 5001, reverse, true, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{9000, 129, reverse, true}, rng);
         if constexpr (!linrec::is_complex<T>::value)

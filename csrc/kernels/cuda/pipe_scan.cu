@@ -35,7 +35,7 @@ struct PipeConfig {
   int threads_per_sequence;
   int vectors_per_thread;
   bool reverse;
-  Access access;  // Vectorized needs 16-byte aligned rows and pointers; Staged takes any alignment
+  Access access;  // Vectorized and Coalesced need 16-byte aligned rows and pointers; Staged takes any alignment
   bool broadcast = false;  // an operand it reads is broadcast along time (time stride 0); Staged only
   Schedule schedule = Schedule::Pipe;
   constexpr bool operator==(const PipeConfig&) const = default;
@@ -73,19 +73,36 @@ constexpr std::array<int, 2> kChainedTileShape{128, 4};
 constexpr std::array<int, 2> kStridedTileShape{8, 4};
 
 constexpr auto kPipeConfigs = [] {
-  std::array<PipeConfig, kTileShapes.size() * 4 + 2 + 4 + 4> configs{};
+  std::array<PipeConfig, kTileShapes.size() * 4 + 2 + 6 + 4> configs{};
   int n = 0;
   for (bool reverse : {false, true}) {
     for (const auto& [threads, vectors] : kTileShapes)
       for (Access access : {Access::Vectorized, Access::Staged}) configs[n++] = PipeConfig{threads, vectors, reverse, access};
     configs[n++] = PipeConfig{kBroadcastTileShape[0], kBroadcastTileShape[1], reverse, Access::Staged, true};
-    for (Access access : {Access::Vectorized, Access::Staged})
+    for (Access access : {Access::Vectorized, Access::Coalesced, Access::Staged})
       configs[n++] = PipeConfig{kChainedTileShape[0], kChainedTileShape[1], reverse, access, false, Schedule::Chained};
     for (Schedule schedule : {Schedule::Pipe, Schedule::Chained})
       configs[n++] = PipeConfig{kStridedTileShape[0], kStridedTileShape[1], reverse, Access::Strided, false, schedule};
   }
   return configs;
 }();
+
+// Chained aligned rows move their tiles Coalesced for 4-byte and wider types, Vectorized for 16-bit
+// ones: on an H100, 1 x 2^24 float32 forward / backward 0.72 / 0.76 -> 0.78 / 0.87 of torch.add
+// Coalesced, bfloat16 0.56 / 0.60 -> 0.50 / 0.52 (docs/benchmarks.md). Our reading, not measured
+// directly: a bfloat16 tile (16 items a thread, held as floats) is half the bytes of a float32 one,
+// so the shared-memory round trip and its barriers weigh twice as much per byte moved.
+template <typename T>
+constexpr Access kChainedAlignedAccess = sizeof(T) >= sizeof(float) ? Access::Coalesced : Access::Vectorized;
+
+// Whether the kernels of `config` are compiled for T: all configs but the chained aligned access of
+// the other types.
+template <typename T>
+constexpr bool compiled_for(const PipeConfig& config) {
+  const bool chained_aligned = config.schedule == Schedule::Chained &&
+                               (config.access == Access::Vectorized || config.access == Access::Coalesced);
+  return !chained_aligned || config.access == kChainedAlignedAccess<T>;
+}
 
 // Below these counts of sequences (time-contiguous) or 32-channel groups (strided) per SM, the
 // GPU is not kept busy by one segment per sequence, and sequences are chained across blocks. On an
@@ -115,11 +132,19 @@ __host__ __device__ constexpr int block_threads(const PipeConfig& config) {
 // hundreds of bytes.
 constexpr int kTileHoldingThreadsPerMultiprocessor = 768;
 
+// Coalesced blocks also move the tile through shared memory: capped at 85 registers they spilled 28
+// bytes; at 102 (5 blocks of 128 threads an SM) none, and float32 forward on 1 x 2^24, 8 x 2^21,
+// 64 x 2^18 and 256 x 65536 went 0.78 / 0.77 / 0.83 / 0.88 -> 0.78 / 0.78 / 0.86 / 0.91 of
+// torch.add on an H100 (4 blocks: 0.71 / 0.74 / 0.83 / 0.88).
+constexpr int kCoalescedTileThreadsPerMultiprocessor = 640;
+
 template <typename T>
 __host__ __device__ constexpr int min_blocks_forward(const PipeConfig& config) {
   const bool holds_tile = config.access == Access::Strided || config.schedule == Schedule::Chained;
   if (!holds_tile || sizeof(accumulator_t<T>) != sizeof(float)) return 1;
-  return kTileHoldingThreadsPerMultiprocessor / block_threads(config);
+  const int threads = config.access == Access::Coalesced ? kCoalescedTileThreadsPerMultiprocessor
+                                                         : kTileHoldingThreadsPerMultiprocessor;
+  return threads / block_threads(config);
 }
 
 __host__ __device__ constexpr int sequences_per_block(const PipeConfig& config) {
@@ -479,8 +504,8 @@ OperandSet operands_of(const BackwardParams& params) {
 
 // The config for a call. Time-contiguous operands (read ones may be broadcast along time) take the
 // row kernels: many sequences a pipe each, the smallest tile holding the whole sequence (else the
-// largest, looping); few long ones chained across blocks; Vectorized where every row of every
-// operand is aligned. A config forced in the params picks the tile shape of the row kernels.
+// largest, looping); few long ones chained across blocks; Vectorized (pipes) or Coalesced (chains)
+// where every row of every operand is aligned. A config forced in the params picks the tile shape of the row kernels.
 // Other strides take the strided kernels, piped or chained by the same rule.
 template <typename T>
 PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operands, int multiprocessors) {
@@ -497,15 +522,17 @@ PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operand
   const bool forced = layout.threads_per_sequence > 0;
   const bool few_rows = layout.num_rows() < static_cast<int64_t>(kPipeRowsPerMultiprocessor) * multiprocessors;
   const Access access = aligned ? Access::Vectorized : Access::Staged;
+  const Access chained_access = aligned ? kChainedAlignedAccess<T> : Access::Staged;
   if (time_last && broadcast && (forced || !few_rows))
     return PipeConfig{kBroadcastTileShape[0], kBroadcastTileShape[1], layout.reverse, Access::Staged, true};
   if (time_last && !broadcast) {
     if (forced) {
       const bool chained = layout.threads_per_sequence == kChainedTileShape[0];
-      return PipeConfig{layout.threads_per_sequence, layout.vectors_per_thread, layout.reverse, access, false,
-                        chained ? Schedule::Chained : Schedule::Pipe};
+      return PipeConfig{layout.threads_per_sequence, layout.vectors_per_thread, layout.reverse,
+                        chained ? chained_access : access, false, chained ? Schedule::Chained : Schedule::Pipe};
     }
-    const PipeConfig chained{kChainedTileShape[0], kChainedTileShape[1], layout.reverse, access, false, Schedule::Chained};
+    const PipeConfig chained{kChainedTileShape[0], kChainedTileShape[1], layout.reverse, chained_access, false,
+                             Schedule::Chained};
     if (few_rows && layout.seq_len > tile_length<T>(chained)) return chained;
     for (const auto& [threads, vectors] : kTileShapes) {
       const PipeConfig pipe{threads, vectors, layout.reverse, access};
@@ -527,7 +554,10 @@ template <typename Params, typename Body>
 void dispatch_call(const Params& params, Body&& body) {
   dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
     const PipeConfig config = choose_config<T>(params, operands_of(params), multiprocessor_count());
-    dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() { body.template operator()<T, Config>(); });
+    dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() {
+      if constexpr (compiled_for<T>(Config)) body.template operator()<T, Config>();
+      else throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(Config) + " in this dtype");
+    });
   });
 }
 
