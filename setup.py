@@ -13,11 +13,17 @@ Environment:
                           (default "8.0;9.0;10.0;12.0+PTX")
   CUDA_HOME               CUDA toolkit to use (else /usr/local/cuda, else the one nvcc on PATH is in)
   MAX_JOBS                parallel compile jobs (default: CPU count)
+  LINREC_LOCAL_VERSION    a local version label for a wheel variant, e.g. cu12 -> 0.1.0+cu12
+                          (the version itself is src/linrec/_version.py's)
+The build writes linrec/_build_info.json beside the libraries: what they were built for, which
+`python -m linrec.info` prints and the runtime checks compare with the machine.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +38,15 @@ ROOT = Path(__file__).parent.resolve()
 TORCH_TARGET_VERSION = "0x020a000000000000"  # torch 2.10: the oldest torch the built libraries load into
 DEFAULT_CUDA_ARCHS = "8.0;9.0;10.0;12.0+PTX"
 CXX_STD = "-std=c++20"
+
+
+def package_version() -> str:
+    """src/linrec/_version.py's version, with LINREC_LOCAL_VERSION as its local label."""
+    version = re.search(r'__version__ = "([^"]+)"', (ROOT / "src" / "linrec" / "_version.py").read_text()).group(1)
+    label = os.environ.get("LINREC_LOCAL_VERSION", "")
+    if label and not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
+        sys.exit(f"linrec build: LINREC_LOCAL_VERSION {label!r} is not a local version label such as cu12")
+    return f"{version}+{label}" if label else version
 
 
 def _log(message: str) -> None:
@@ -81,6 +96,15 @@ def cuda_gencode_flags(arch_list: str) -> tuple[list[str], list[str]]:
     return flags, targets
 
 
+def nvcc_version(nvcc: Path) -> str:
+    """The CUDA release of an nvcc, e.g. '13.0'."""
+    output = subprocess.run([str(nvcc), "--version"], check=True, capture_output=True, text=True).stdout
+    match = re.search(r"release (\d+\.\d+)", output)
+    if match is None:
+        sys.exit(f"linrec build: no CUDA release in the output of {nvcc} --version")
+    return match.group(1)
+
+
 class NativeLibrary(Extension):
     """A plain shared library (not a Python module) compiled from C++ and CUDA sources."""
 
@@ -92,6 +116,22 @@ class NativeLibrary(Extension):
 class BuildNativeLibraries(build_ext):
     def get_ext_filename(self, fullname: str) -> str:
         return os.path.join(*fullname.split(".")) + ".so"
+
+    def run(self) -> None:
+        import torch  # noqa: PLC0415 - only the build needs torch
+
+        self.build_info = {
+            "version": package_version(),
+            "torch_target": ".".join(str(int(TORCH_TARGET_VERSION[2 + 2 * i:4 + 2 * i], 16)) for i in range(2)),
+            "built_with_torch": torch.__version__,
+            "cuda": None,
+            "cuda_targets": [],
+        }
+        super().run()
+        # Beside the libraries: in the build tree for wheels, in src/linrec for in-place builds.
+        info_path = Path(self.get_ext_fullpath("linrec._C")).parent / "_build_info.json"
+        info_path.write_text(json.dumps(self.build_info, indent=2) + "\n")
+        _log(f"wrote {info_path}")
 
     def build_extension(self, ext: NativeLibrary) -> None:
         torch_include, torch_lib = _torch_paths()
@@ -106,11 +146,18 @@ class BuildNativeLibraries(build_ext):
         host_flags = [CXX_STD, "-O3", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
         link_flags = ["-shared", f"-L{torch_lib}"]
         nvcc = cuda_home = None
+        cuda_flags: list[str] = []
         if ext.uses_cuda:
             cuda_home = find_cuda_home()
             nvcc = cuda_home / "bin" / "nvcc"
             gencode, targets = cuda_gencode_flags(os.environ.get("LINREC_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
             _log(f"CUDA kernels for {','.join(targets)} with {nvcc}")
+            cuda_release = nvcc_version(nvcc)
+            self.build_info.update(cuda=cuda_release, cuda_targets=targets)
+            # The fatbinary's device code compressed for size (nvcc >= 12.8): 5 times smaller than
+            # nvcc 13.0's default, which keeps a wheel of 5 or 6 architectures under 30 MB.
+            compress = ["--compress-mode=size"] if tuple(map(int, cuda_release.split("."))) >= (12, 8) else []
+            cuda_flags = [*gencode, *compress]
             defines.append("-DUSE_CUDA")
             includes += [f"-I{objects_dir}", "-isystem", str(cuda_home / "include")]
             # A generated header rather than -D: nvcc splits -D values at commas.
@@ -128,7 +175,7 @@ class BuildNativeLibraries(build_ext):
             if source.endswith(".cu"):
                 command = [str(nvcc), CXX_STD, "-O3", "-lineinfo", "--threads", "2",
                            "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills",
-                           *gencode, *defines, *includes, "-c", source, "-o", str(obj)]
+                           *cuda_flags, *defines, *includes, "-c", source, "-o", str(obj)]
             else:
                 command = [cxx, *host_flags, *defines, *includes, "-c", source, "-o", str(obj)]
             _log(" ".join(command))
@@ -170,6 +217,7 @@ def native_libraries() -> list[NativeLibrary]:
 
 
 setup(
+    version=package_version(),
     ext_modules=native_libraries(),
     cmdclass={"build_ext": BuildNativeLibraries, "bdist_wheel": PlatformWheel},
 )

@@ -9,11 +9,14 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from . import _ops
 from ._checks import check_arguments, check_bool, check_cu_seqlens_values
 from ._ops import HAS_CUDA_KERNELS
+from ._runtime import build_info, cuda_driver_version, cuda_problem
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
 
@@ -46,6 +49,18 @@ def _check_kernel_device(inputs: torch.Tensor) -> None:
             "linrec: this build has no CUDA kernels (it was built without nvcc, with LINREC_NO_CUDA, or torch "
             "has no CUDA); reinstall linrec with CUDA, or pass backend='hop'"
         )
+    if inputs.is_cuda and not torch.compiler.is_compiling():
+        problem = _cuda_problem(inputs.device.index if inputs.device.index is not None else torch.cuda.current_device())
+        if problem is not None:
+            raise RuntimeError(f"linrec: {problem} (python -m linrec.info prints the build and this machine)")
+
+
+@cache
+def _cuda_problem(device_index: int) -> str | None:
+    """Why the build's CUDA kernels cannot run on this GPU (driver too old, architecture not built), once
+    per GPU, before a launch would fail with a less clear CUDA error."""
+    return cuda_problem(build_info(), cuda_driver_version(), torch.cuda.get_device_name(device_index),
+                        torch.cuda.get_device_capability(device_index))
 
 
 def linrec(

@@ -504,9 +504,9 @@ OperandSet operands_of(const BackwardParams& params) {
 
 // The config for a call. Time-contiguous operands (read ones may be broadcast along time) take the
 // row kernels: many sequences a pipe each, the smallest tile holding the whole sequence (else the
-// largest, looping); few long ones chained across blocks; Vectorized (pipes) or Coalesced (chains)
-// where every row of every operand is aligned. A config forced in the params picks the tile shape of the row kernels.
-// Other strides take the strided kernels, piped or chained by the same rule.
+// largest, looping); few long ones chained across blocks; Vectorized (pipes) or the chains' aligned
+// access where every row of every operand is aligned. A config forced in the params picks the tile
+// shape of the row kernels. Other strides take the strided kernels, piped or chained by the same rule.
 template <typename T>
 PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operands, int multiprocessors) {
   bool time_last = true, broadcast = false, aligned = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;

@@ -1,0 +1,77 @@
+"""The build record, the runtime checks that name what was built and what was found, and
+`python -m linrec.info`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import linrec
+from linrec._runtime import build_info, cuda_problem, targets_for
+
+BUILT_FOR_13 = {"version": "0.1.0", "cuda": "13.0", "cuda_targets": ["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"]}
+
+
+def test_the_build_record_matches_the_package():
+    info = build_info()
+    assert info["built_with_torch"] is not None, "setup.py writes _build_info.json beside the libraries"
+    assert info["version"].split("+")[0] == linrec.__version__
+    assert info["torch_target"] == "2.10"
+    assert (info["cuda"] is not None) == bool(info["cuda_targets"])
+
+
+@pytest.mark.parametrize(
+    ("capability", "runs"),
+    [((8, 0), ["sm_80"]), ((8, 6), ["sm_80"]), ((9, 0), ["sm_90"]), ((12, 1), ["sm_120", "compute_120"]),
+     ((13, 0), ["compute_120"]), ((7, 5), []), ((11, 0), [])],
+)
+def test_targets_for_a_gpu(capability, runs):
+    """Machine code runs on its major with an equal or higher minor; PTX on any equal or newer GPU."""
+    assert targets_for(BUILT_FOR_13["cuda_targets"], capability) == runs
+
+
+def test_no_problem_where_the_kernels_run():
+    assert cuda_problem(BUILT_FOR_13, 13000, "NVIDIA H100", (9, 0)) is None
+    assert cuda_problem(BUILT_FOR_13, 13020, "NVIDIA RTX PRO 6000", (12, 0)) is None
+    assert cuda_problem({**BUILT_FOR_13, "cuda": None, "cuda_targets": []}, None, "any", (9, 0)) is None
+
+
+def test_a_driver_too_old_names_both_versions():
+    problem = cuda_problem(BUILT_FOR_13, 12080, "NVIDIA H100", (9, 0))
+    assert "built with CUDA 13.0" in problem and "sm_90" in problem
+    assert "driver for CUDA 13.0 or newer" in problem and "supports CUDA 12.8" in problem
+    assert "built with CUDA 12" in problem  # the wheel to install instead
+
+
+def test_no_driver():
+    assert "no NVIDIA driver" in cuda_problem(BUILT_FOR_13, None, "NVIDIA H100", (9, 0))
+
+
+def test_a_gpu_the_build_has_no_code_for():
+    problem = cuda_problem(BUILT_FOR_13, 13000, "Tesla T4", (7, 5))
+    assert "Tesla T4" in problem and "compute capability 7.5" in problem
+    assert "sm_80, sm_90, sm_100, sm_120, compute_120" in problem and "LINREC_CUDA_ARCHS" in problem
+
+
+def test_info_prints_the_build_and_the_runtime():
+    result = subprocess.run([sys.executable, "-m", "linrec.info"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"linrec {build_info()['version']}"
+    assert lines[1].startswith("  build: ") and "torch >= 2.10" in lines[1]
+    assert f"torch {torch.__version__}" in result.stdout
+    assert "NVIDIA driver:" in result.stdout
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS), reason="needs a CUDA GPU and linrec's CUDA kernels")
+def test_the_build_runs_on_this_gpu():
+    """On the GPU machine: the wheel's kernels cover the GPU, and info says which target runs it."""
+    assert linrec._cuda_problem(torch.cuda.current_device()) is None
+    result = subprocess.run([sys.executable, "-m", "linrec.info"], capture_output=True, text=True, check=True)
+    gpu_line = next(line for line in result.stdout.splitlines() if line.startswith("  GPU 0:"))
+    assert "runs sm_" in gpu_line or "runs compute_" in gpu_line
+    assert "problem:" not in result.stdout
