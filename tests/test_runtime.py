@@ -56,6 +56,16 @@ def test_a_gpu_the_build_has_no_code_for():
     assert "sm_80, sm_90, sm_100, sm_120, compute_120" in problem and "LINREC_CUDA_ARCHS" in problem
 
 
+def test_an_older_torch_is_refused_at_import():
+    """Before loading the libraries, which an older torch lacks the symbols for."""
+    code = "import torch; torch.__version__ = '2.9.1+cpu'\nimport linrec"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: linrec ") and "needs torch >= 2.10" in message
+    assert "stable ABI of torch 2.10" in message and "found torch 2.9.1+cpu" in message
+
+
 def test_info_prints_the_build_and_the_runtime():
     result = subprocess.run([sys.executable, "-m", "linrec.info"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ._checks import check_arguments
+from ._runtime import build_info
 
 MIN_TORCH = (2, 10)
 _LIBRARY_DIR = Path(__file__).parent
@@ -29,9 +30,11 @@ def _torch_version() -> tuple[int, int]:
 
 
 if _torch_version() < MIN_TORCH:
+    _built = build_info()
     raise ImportError(
-        f"linrec needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (its kernels use the LibTorch stable ABI of "
-        f"that version), found torch {torch.__version__}"
+        f"linrec {_built['version']} needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (its libraries use the LibTorch "
+        f"stable ABI of torch {_built['torch_target'] or '2.10'}, built with torch {_built['built_with_torch']}), "
+        f"found torch {torch.__version__}: upgrade torch"
     )
 
 torch.ops.load_library(str(_CPU_LIBRARY))
