@@ -1,5 +1,5 @@
 """Loads the native libraries and registers what PyTorch needs around the C++ ops: fake kernels
-(shapes for torch.compile and meta tensors) and the autograd formula.
+(shapes for torch.compile and meta tensors) here, derivatives in _autograd.py, batching rules in _vmap.py.
 
 torch.ops.linrec.forward(inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
                          threads_per_sequence=0, vectors_per_thread=0) -> outputs
@@ -85,21 +85,5 @@ def _backward_fake(
     return torch.empty_like(outputs), torch.empty_like(outputs), d_outputs.new_zeros(d_initial_shape)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    # The forced kernel config, if any, is the forward's alone.
-    _, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, *_ = inputs
-    ctx.save_for_backward(coeffs, output, initial, cu_seqlens)
-    ctx.dim, ctx.reverse, ctx.log_coeffs = dim, reverse, log_coeffs
-
-
-def _backward(ctx, d_outputs: torch.Tensor):
-    coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
-    d_inputs, d_coeffs, d_initial = torch.ops.linrec.backward(
-        d_outputs, coeffs, outputs, ctx.dim, ctx.reverse, initial, cu_seqlens, ctx.log_coeffs
-    )
-    if coeffs.shape != outputs.shape:  # broadcast coeffs: their gradient sums over the broadcast dims
-        d_coeffs = d_coeffs.sum_to_size(coeffs.shape)
-    return d_inputs, d_coeffs, None, None, (d_initial if initial is not None else None), None, None, None, None
-
-
-torch.library.register_autograd("linrec::forward", _backward, setup_context=_setup_context)
+# The derivatives (Autograd kernels) and the batching rules, registered on the ops loaded above.
+from . import _autograd, _vmap  # noqa: E402, F401

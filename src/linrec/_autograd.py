@@ -1,0 +1,203 @@
+"""Derivatives of the two ops, registered as their Autograd kernels: reverse mode (``backward``) and
+forward mode (``jvp``) of ``linrec::forward`` and of ``linrec::backward``, so that every order of
+derivative, ``torch.func`` transform and ``torch.compile`` reaches the same formulas.
+
+Notation: the forward op computes ``y[l] = c[l] * y[l-1] + x[l]`` from ``y[-1] = h`` (the initial state;
+without one, ``y[0] = x[0]``), ``prev(v)`` is ``v`` one step back along the scan within each sequence
+(``h`` or 0 at a sequence's first step, ``_steps.previous_step``), ``next`` and ``first`` are its adjoints.
+The backward op computes, for the upstream gradient ``g``,
+
+    dx = L^H g        (a scan against the forward's direction with coefficients conj(c) shifted by one)
+    dc = dx * conj(prev(y))             (times c with log_coeffs: the gradient in log c)
+    dh = conj(c[first]) * dx[first]
+
+Each derivative below is again one of the two ops plus products and shifts of the same operands:
+
+- forward op, tangents (x', c', h'): ``y' = forward(x' + c' * prev(y), c, initial=h')``, with c' in
+  units of c (``c * a'`` for a tangent a' of log coefficients).
+- backward op, cotangents (u, v, w) of (dx, dc, dh): ``z = forward(u + v * prev(y) [* c], c, initial=w)``
+  is the gradient of g; ``backward(g, c, z, initial=w)``'s dc is that of c (plus ``v * dc`` in log
+  space); ``p = conj(v) * dx [* c]`` gives y's as ``next(p)`` and h's as ``first(p)``.
+- backward op, tangents (g', c', y', h'): with ``r = conj(c') * dx``,
+  ``backward(g' + next(r), c, y, h)`` gives dx' and most of dc' and dh'; dc' adds ``dx * conj(prev(y'))``
+  (from h') and ``a' * dc`` in log space, dh' adds ``first(r)``.
+
+For complex dtypes these are PyTorch's conventions (gradients are conjugate Wirtinger derivatives,
+tangents directional derivatives), which gradcheck and gradgradcheck verify.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._functorch.utils import enable_single_level_autograd_function
+from torch.autograd.function import _SingleLevelFunction
+
+from ._steps import first_step, next_step, previous_step
+
+_LIBRARY = torch.library.Library("linrec", "IMPL")
+
+
+def _add(total: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor | None:
+    """Sums optional terms (None is zero)."""
+    if term is None:
+        return total
+    return term if total is None else total + term
+
+
+def _coeff_values(coeffs: torch.Tensor, log_coeffs: bool) -> torch.Tensor:
+    return coeffs.exp() if log_coeffs else coeffs
+
+
+def _reduce_to(gradient: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Sums a per-element coefficient gradient over the dims ``like`` (broadcast coeffs) broadcasts along."""
+    return gradient if gradient.shape == like.shape else gradient.sum_to_size(like.shape)
+
+
+class _Forward(_SingleLevelFunction):
+
+    @staticmethod
+    def forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread):
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.linrec.forward(
+                inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread
+            )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # The forced kernel config, if any, is the forward's alone.
+        _, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, *_ = inputs
+        ctx.save_for_backward(coeffs, output, initial, cu_seqlens)
+        ctx.save_for_forward(coeffs, output, initial, cu_seqlens)
+        ctx.dim, ctx.reverse, ctx.log_coeffs = dim % output.dim(), reverse, log_coeffs
+
+    @staticmethod
+    def backward(ctx, d_outputs):
+        coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
+        d_inputs, d_coeffs, d_initial = torch.ops.linrec.backward(
+            d_outputs, coeffs, outputs, ctx.dim, ctx.reverse, initial, cu_seqlens, ctx.log_coeffs
+        )
+        d_initial = d_initial if initial is not None else None
+        return d_inputs, _reduce_to(d_coeffs, coeffs), None, None, d_initial, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, t_inputs, t_coeffs, _dim, _reverse, t_initial, *_):
+        coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
+        dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
+        driving = t_inputs
+        if t_coeffs is not None:
+            t_coeff_values = t_coeffs * coeffs.exp() if log_coeffs else t_coeffs
+            driving = _add(driving, t_coeff_values * previous_step(outputs, initial, dim, reverse, cu_seqlens))
+        if driving is None:
+            driving = torch.zeros_like(outputs)
+        elif driving.shape != outputs.shape:
+            driving = driving.expand(outputs.shape)
+        t_initial = t_initial if initial is not None else None
+        return torch.ops.linrec.forward(driving, coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
+
+
+class _Backward(_SingleLevelFunction):
+
+    @staticmethod
+    def forward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
+                vectors_per_thread):
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.linrec.backward(
+                d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
+                vectors_per_thread,
+            )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, *_ = inputs
+        d_inputs, d_coeffs, _ = output
+        ctx.save_for_backward(d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs)
+        ctx.save_for_forward(d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs)
+        ctx.dim, ctx.reverse, ctx.log_coeffs = dim % outputs.dim(), reverse, log_coeffs
+        ctx.set_materialize_grads(False)
+        if initial is None:
+            ctx.mark_non_differentiable(output[2])  # the empty placeholder for d_initial
+
+    @staticmethod
+    def backward(ctx, v_inputs, v_coeffs, v_initial):
+        d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
+        dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
+        v_initial = v_initial if initial is not None else None
+        # The cotangent reaching dx: its own, and dc's and dh's through their factors of dx.
+        v_total = v_inputs
+        grad_outputs = grad_initial = None
+        if v_coeffs is not None:
+            factor = previous_step(outputs, initial, dim, reverse, cu_seqlens)
+            if log_coeffs:
+                factor = factor * coeffs.exp()
+            v_total = _add(v_total, v_coeffs * factor)
+            # dc depends on y through conj(prev(y)), and on h at each sequence's first step.
+            product = v_coeffs.conj() * d_inputs
+            if log_coeffs:
+                product = product * coeffs.exp()
+            grad_outputs = next_step(product, dim, reverse, cu_seqlens)
+            if initial is not None:
+                grad_initial = first_step(product, dim, reverse, cu_seqlens)
+        grad_d_outputs = grad_coeffs = None
+        if v_total is not None or v_initial is not None:
+            if v_total is None:
+                v_total = torch.zeros_like(outputs)
+            elif v_total.shape != outputs.shape:
+                v_total = v_total.expand(outputs.shape)
+            grad_d_outputs = torch.ops.linrec.forward(v_total, coeffs, dim, reverse, v_initial, cu_seqlens, log_coeffs)
+            grad_coeffs = torch.ops.linrec.backward(
+                d_outputs, coeffs, grad_d_outputs, dim, reverse, v_initial, cu_seqlens, log_coeffs
+            )[1]
+        if log_coeffs and v_coeffs is not None:
+            grad_coeffs = _add(grad_coeffs, v_coeffs * d_coeffs)  # dc's own factor c = exp(log c)
+        if grad_coeffs is not None:
+            grad_coeffs = _reduce_to(grad_coeffs, coeffs)
+        return grad_d_outputs, grad_coeffs, grad_outputs, None, None, grad_initial, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, t_d_outputs, t_coeffs, t_outputs, _dim, _reverse, t_initial, *_):
+        d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
+        dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
+        t_initial = t_initial if initial is not None else None
+        # dx[l] = g[l] + conj(c[next]) * dx[next]: a tangent of c drives the scan like a tangent of g.
+        driving = t_d_outputs
+        coeff_term = None
+        if t_coeffs is not None:
+            t_coeff_values = t_coeffs * coeffs.exp() if log_coeffs else t_coeffs
+            coeff_term = t_coeff_values.conj() * d_inputs
+            driving = _add(driving, next_step(coeff_term, dim, reverse, cu_seqlens))
+        if driving is None:
+            driving = torch.zeros_like(outputs)
+        t_d_inputs, t_d_coeffs, t_d_initial = torch.ops.linrec.backward(
+            driving, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
+        )
+        if t_outputs is not None or t_initial is not None:
+            t_previous = previous_step(
+                t_outputs if t_outputs is not None else torch.zeros_like(outputs), t_initial, dim, reverse, cu_seqlens
+            )
+            term = d_inputs * t_previous.conj()
+            t_d_coeffs = t_d_coeffs + (term * coeffs.exp() if log_coeffs else term)
+        if log_coeffs and t_coeffs is not None:
+            t_d_coeffs = t_d_coeffs + t_coeffs * d_coeffs
+        if initial is None:
+            return t_d_inputs, t_d_coeffs, None  # d_initial is a non-differentiable placeholder
+        if coeff_term is not None:
+            t_d_initial = t_d_initial + first_step(coeff_term, dim, reverse, cu_seqlens)
+        return t_d_inputs, t_d_coeffs, t_d_initial
+
+
+def _forward_autograd(keyset, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
+                      threads_per_sequence=0, vectors_per_thread=0):
+    with enable_single_level_autograd_function():
+        return _Forward.apply(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
+                          vectors_per_thread)
+
+
+def _backward_autograd(keyset, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                       log_coeffs=False, threads_per_sequence=0, vectors_per_thread=0):
+    with enable_single_level_autograd_function():
+        return _Backward.apply(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs,
+                           threads_per_sequence, vectors_per_thread)
+
+
+_LIBRARY.impl("forward", _forward_autograd, "Autograd", with_keyset=True)
+_LIBRARY.impl("backward", _backward_autograd, "Autograd", with_keyset=True)

@@ -1,0 +1,83 @@
+"""Batching rules of the ops for ``torch.vmap`` (and so for ``torch.func``'s jacrev, jacfwd, hessian and
+per-sample gradients): the vmapped dim becomes one more batch dim of a single call. The kernels read
+every operand through its strides, so moving the vmapped dim, and expanding an operand that is not
+vmapped (stride 0), copy nothing.
+
+The vmapped dim goes first, or right after the batch dim of size 1 that packed sequences
+(``cu_seqlens``) keep in front. The offsets themselves cannot be vmapped: one call scans one packing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import normalize_dim
+
+
+def _placement(op: str, ndim: int, dim: int, cu_seqlens: torch.Tensor | None, cu_seqlens_bdim: int | None):
+    """Where the vmapped dim goes, and where the time dim then is, for unbatched operands of `ndim` dims."""
+    if cu_seqlens_bdim is not None:
+        raise ValueError(
+            f"{op}: torch.vmap over cu_seqlens is not supported (one call scans one packing of the sequences); "
+            "vmap over inputs, coeffs and initial with the same cu_seqlens instead"
+        )
+    position = 0 if cu_seqlens is None else 1
+    time_dim = normalize_dim(op, dim, ndim)
+    return position, time_dim + (time_dim >= position)
+
+
+def _batched(tensor: torch.Tensor | None, bdim: int | None, batch_size: int, position: int) -> torch.Tensor | None:
+    """An operand of the inputs' shape (or initial's) with the vmapped dim at `position`: moved there, or
+    inserted and expanded with stride 0."""
+    if tensor is None:
+        return None
+    if bdim is None:
+        return tensor.unsqueeze(position).expand(*tensor.shape[:position], batch_size, *tensor.shape[position:])
+    return tensor.movedim(bdim, position)
+
+
+def _batched_coeffs(coeffs: torch.Tensor, bdim: int | None, ndim: int, position: int) -> torch.Tensor:
+    """coeffs, which broadcast against `ndim`-dim inputs: unbatched ones broadcast as they are; batched ones
+    get the leading size-1 dims that broadcasting would add, then the vmapped dim at `position`."""
+    if bdim is None:
+        return coeffs
+    coeffs = coeffs.movedim(bdim, 0)
+    coeffs = coeffs.reshape(coeffs.shape[0], *[1] * (ndim + 1 - coeffs.dim()), *coeffs.shape[1:])
+    return coeffs.movedim(0, position)
+
+
+def _in_dims(in_dims, count: int) -> tuple:
+    # Arguments equal to their schema default may be left out of the call, and of in_dims with them.
+    return (*in_dims, *[None] * (count - len(in_dims)))
+
+
+@torch.library.register_vmap("linrec::forward")
+def _forward_vmap(info, in_dims, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                  log_coeffs=False, threads_per_sequence=0, vectors_per_thread=0):
+    inputs_bdim, coeffs_bdim, _, _, initial_bdim, cu_seqlens_bdim, *_ = _in_dims(in_dims, 9)
+    ndim = inputs.dim() - (inputs_bdim is not None)
+    position, time_dim = _placement("linrec.forward", ndim, dim, cu_seqlens, cu_seqlens_bdim)
+    size = info.batch_size
+    outputs = torch.ops.linrec.forward(
+        _batched(inputs, inputs_bdim, size, position), _batched_coeffs(coeffs, coeffs_bdim, ndim, position), time_dim,
+        reverse, _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs, threads_per_sequence,
+        vectors_per_thread,
+    )
+    return outputs, position
+
+
+@torch.library.register_vmap("linrec::backward")
+def _backward_vmap(info, in_dims, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                   log_coeffs=False, threads_per_sequence=0, vectors_per_thread=0):
+    d_outputs_bdim, coeffs_bdim, outputs_bdim, _, _, initial_bdim, cu_seqlens_bdim, *_ = _in_dims(in_dims, 10)
+    ndim = d_outputs.dim() - (d_outputs_bdim is not None)
+    position, time_dim = _placement("linrec.backward", ndim, dim, cu_seqlens, cu_seqlens_bdim)
+    size = info.batch_size
+    d_inputs, d_coeffs, d_initial = torch.ops.linrec.backward(
+        _batched(d_outputs, d_outputs_bdim, size, position), _batched_coeffs(coeffs, coeffs_bdim, ndim, position),
+        _batched(outputs, outputs_bdim, size, position), time_dim, reverse,
+        _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs, threads_per_sequence,
+        vectors_per_thread,
+    )
+    # Without an initial state, d_initial is an empty placeholder, the same for every vmapped call.
+    return (d_inputs, d_coeffs, d_initial), (position, position, position if initial is not None else None)
