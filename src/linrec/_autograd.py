@@ -28,13 +28,41 @@ tangents directional derivatives), which gradcheck and gradgradcheck verify.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from torch._C._functorch import TransformType, get_interpreter_stack
 from torch._functorch.utils import enable_single_level_autograd_function
+from torch.autograd.forward_ad import _set_fwd_grad_enabled
 from torch.autograd.function import _SingleLevelFunction
 
 from ._steps import first_step, next_step, previous_step
 
 _LIBRARY = torch.library.Library("linrec", "IMPL")
+
+
+def _below_this_level() -> contextlib.ExitStack:
+    """The context of a Function's forward: the kernels below the Autograd key, with gradient tracking on.
+    The Function records the op at this level; under nested torch.func transforms each lower level's
+    Autograd key is reached on the way down, and its Function must find gradients enabled there (the
+    Function machinery turns them off for forward), as torch's own transforms of autograd.Functions do."""
+    guards = contextlib.ExitStack()
+    guards.enter_context(torch.enable_grad())
+    guards.enter_context(_set_fwd_grad_enabled(True))
+    guards.enter_context(torch._C._AutoDispatchBelowAutograd())
+    return guards
+
+
+def _check_single_forward_mode_level() -> None:
+    """The jvp formulas run with forward gradients off, so a forward-mode transform around another one
+    would not see their ops: refuse it rather than return a wrong derivative."""
+    stack = get_interpreter_stack() or []
+    if sum(interpreter.key() == TransformType.Jvp for interpreter in stack) > 1:
+        raise NotImplementedError(
+            "linrec: forward-mode AD nested in forward-mode AD (torch.func.jacfwd or jvp of a jacfwd or jvp) "
+            "is not supported; second derivatives work as torch.func.hessian (jacfwd of jacrev), jacrev of "
+            "jacrev or jacrev of jacfwd"
+        )
 
 
 def _add(total: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor | None:
@@ -57,7 +85,7 @@ class _Forward(_SingleLevelFunction):
 
     @staticmethod
     def forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread):
-        with torch._C._AutoDispatchBelowAutograd():
+        with _below_this_level():
             return torch.ops.linrec.forward(
                 inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread
             )
@@ -81,6 +109,7 @@ class _Forward(_SingleLevelFunction):
 
     @staticmethod
     def jvp(ctx, t_inputs, t_coeffs, _dim, _reverse, t_initial, *_):
+        _check_single_forward_mode_level()
         coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
         dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
         driving = t_inputs
@@ -100,7 +129,7 @@ class _Backward(_SingleLevelFunction):
     @staticmethod
     def forward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
                 vectors_per_thread):
-        with torch._C._AutoDispatchBelowAutograd():
+        with _below_this_level():
             return torch.ops.linrec.backward(
                 d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
                 vectors_per_thread,
@@ -155,6 +184,7 @@ class _Backward(_SingleLevelFunction):
 
     @staticmethod
     def jvp(ctx, t_d_outputs, t_coeffs, t_outputs, _dim, _reverse, t_initial, *_):
+        _check_single_forward_mode_level()
         d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
         dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
         t_initial = t_initial if initial is not None else None

@@ -104,9 +104,19 @@ def check_arguments(
     return dim
 
 
+def check_cu_seqlens_not_vmapped(op: str, vmapped: bool) -> None:
+    """One call scans one packing of the sequences: torch.vmap cannot batch the offsets."""
+    if vmapped:
+        raise ValueError(
+            f"{op}: torch.vmap over cu_seqlens is not supported (one call scans one packing of the sequences); "
+            "vmap over inputs, coeffs and initial with the same cu_seqlens instead"
+        )
+
+
 def check_cu_seqlens_values(op: str, cu_seqlens: torch.Tensor, length: int) -> None:
     """Checks the offsets themselves: 0 first, non-decreasing, the time length last. Reads them on the host
     (one small copy from the GPU), so the API does it in eager mode only."""
+    check_cu_seqlens_not_vmapped(op, torch._C._functorch.is_batchedtensor(cu_seqlens))
     values = cu_seqlens.tolist()
     if values[0] != 0:
         raise ValueError(f"{op}: cu_seqlens must start at 0, got {values[0]}")

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import normalize_dim
+from ._checks import check_cu_seqlens_not_vmapped, normalize_dim
 
 
 def _placement(op: str, ndim: int, dim: int, cu_seqlens: torch.Tensor | None, cu_seqlens_bdim: int | None):
     """Where the vmapped dim goes, and where the time dim then is, for unbatched operands of `ndim` dims."""
-    if cu_seqlens_bdim is not None:
-        raise ValueError(
-            f"{op}: torch.vmap over cu_seqlens is not supported (one call scans one packing of the sequences); "
-            "vmap over inputs, coeffs and initial with the same cu_seqlens instead"
-        )
+    check_cu_seqlens_not_vmapped(op, cu_seqlens_bdim is not None)
     position = 0 if cu_seqlens is None else 1
     time_dim = normalize_dim(op, dim, ndim)
     return position, time_dim + (time_dim >= position)
