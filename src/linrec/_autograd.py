@@ -19,8 +19,9 @@ Each derivative below is again one of the two ops plus products and shifts of th
   is the gradient of g; ``backward(g, c, z, initial=w)``'s dc is that of c (plus ``v * dc`` in log
   space); ``p = conj(v) * dx [* c]`` gives y's as ``next(p)`` and h's as ``first(p)``.
 - backward op, tangents (g', c', y', h'): with ``r = conj(c') * dx``,
-  ``backward(g' + next(r), c, y, h)`` gives dx' and most of dc' and dh'; dc' adds ``dx * conj(prev(y'))``
-  (from h') and ``a' * dc`` in log space, dh' adds ``first(r)``.
+  ``backward(g' + next(r), c, y, h)`` gives dx' and dc' and dh' as far as they
+  come from dx'; dc' adds ``dx * conj(prev(y'))`` (with h' at each first step) and ``a' * dc`` in log
+  space, dh' adds ``first(r)``.
 
 For complex dtypes these are PyTorch's conventions (gradients are conjugate Wirtinger derivatives,
 tangents directional derivatives), which gradcheck and gradgradcheck verify.
@@ -72,8 +73,16 @@ def _add(total: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor 
     return term if total is None else total + term
 
 
-def _coeff_values(coeffs: torch.Tensor, log_coeffs: bool) -> torch.Tensor:
-    return coeffs.exp() if log_coeffs else coeffs
+def _times_c_in_log_space(values: torch.Tensor, coeffs: torch.Tensor, log_coeffs: bool) -> torch.Tensor:
+    """``values * c`` where coeffs hold ``log c`` (d c = c d log c), else ``values``."""
+    return values * coeffs.exp() if log_coeffs else values
+
+
+def _full(values: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """An operand of the ops in ``like``'s shape: zeros for None, broadcast terms expanded (stride 0, no copy)."""
+    if values is None:
+        return torch.zeros_like(like)
+    return values if values.shape == like.shape else values.expand(like.shape)
 
 
 def _reduce_to(gradient: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -82,6 +91,7 @@ def _reduce_to(gradient: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 class _Forward(_SingleLevelFunction):
+    """linrec::forward (inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, config...) -> outputs."""
 
     @staticmethod
     def forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread):
@@ -114,17 +124,15 @@ class _Forward(_SingleLevelFunction):
         dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
         driving = t_inputs
         if t_coeffs is not None:
-            t_coeff_values = t_coeffs * coeffs.exp() if log_coeffs else t_coeffs
+            t_coeff_values = _times_c_in_log_space(t_coeffs, coeffs, log_coeffs)
             driving = _add(driving, t_coeff_values * previous_step(outputs, initial, dim, reverse, cu_seqlens))
-        if driving is None:
-            driving = torch.zeros_like(outputs)
-        elif driving.shape != outputs.shape:
-            driving = driving.expand(outputs.shape)
         t_initial = t_initial if initial is not None else None
-        return torch.ops.linrec.forward(driving, coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
+        return torch.ops.linrec.forward(_full(driving, outputs), coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
 
 
 class _Backward(_SingleLevelFunction):
+    """linrec::backward (d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, config...)
+    -> (d_inputs, d_coeffs per element, d_initial)."""
 
     @staticmethod
     def forward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
@@ -155,24 +163,19 @@ class _Backward(_SingleLevelFunction):
         v_total = v_inputs
         grad_outputs = grad_initial = None
         if v_coeffs is not None:
-            factor = previous_step(outputs, initial, dim, reverse, cu_seqlens)
-            if log_coeffs:
-                factor = factor * coeffs.exp()
+            factor = _times_c_in_log_space(previous_step(outputs, initial, dim, reverse, cu_seqlens), coeffs, log_coeffs)
             v_total = _add(v_total, v_coeffs * factor)
             # dc depends on y through conj(prev(y)), and on h at each sequence's first step.
-            product = v_coeffs.conj() * d_inputs
-            if log_coeffs:
-                product = product * coeffs.exp()
+            product = _times_c_in_log_space(v_coeffs.conj() * d_inputs, coeffs, log_coeffs)
             grad_outputs = next_step(product, dim, reverse, cu_seqlens)
             if initial is not None:
                 grad_initial = first_step(product, dim, reverse, cu_seqlens)
         grad_d_outputs = grad_coeffs = None
         if v_total is not None or v_initial is not None:
-            if v_total is None:
-                v_total = torch.zeros_like(outputs)
-            elif v_total.shape != outputs.shape:
-                v_total = v_total.expand(outputs.shape)
-            grad_d_outputs = torch.ops.linrec.forward(v_total, coeffs, dim, reverse, v_initial, cu_seqlens, log_coeffs)
+            grad_d_outputs = torch.ops.linrec.forward(
+                _full(v_total, outputs), coeffs, dim, reverse, v_initial, cu_seqlens, log_coeffs
+            )
+            # dx * conj(prev(z)) with w at each first step: the backward op computes it, dx again included.
             grad_coeffs = torch.ops.linrec.backward(
                 d_outputs, coeffs, grad_d_outputs, dim, reverse, v_initial, cu_seqlens, log_coeffs
             )[1]
@@ -192,20 +195,14 @@ class _Backward(_SingleLevelFunction):
         driving = t_d_outputs
         coeff_term = None
         if t_coeffs is not None:
-            t_coeff_values = t_coeffs * coeffs.exp() if log_coeffs else t_coeffs
-            coeff_term = t_coeff_values.conj() * d_inputs
+            coeff_term = _times_c_in_log_space(t_coeffs, coeffs, log_coeffs).conj() * d_inputs
             driving = _add(driving, next_step(coeff_term, dim, reverse, cu_seqlens))
-        if driving is None:
-            driving = torch.zeros_like(outputs)
         t_d_inputs, t_d_coeffs, t_d_initial = torch.ops.linrec.backward(
-            driving, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
+            _full(driving, outputs), coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
         )
         if t_outputs is not None or t_initial is not None:
-            t_previous = previous_step(
-                t_outputs if t_outputs is not None else torch.zeros_like(outputs), t_initial, dim, reverse, cu_seqlens
-            )
-            term = d_inputs * t_previous.conj()
-            t_d_coeffs = t_d_coeffs + (term * coeffs.exp() if log_coeffs else term)
+            t_previous = previous_step(_full(t_outputs, outputs), t_initial, dim, reverse, cu_seqlens)
+            t_d_coeffs = t_d_coeffs + _times_c_in_log_space(d_inputs * t_previous.conj(), coeffs, log_coeffs)
         if log_coeffs and t_coeffs is not None:
             t_d_coeffs = t_d_coeffs + t_coeffs * d_coeffs
         if initial is None:
@@ -218,16 +215,22 @@ class _Backward(_SingleLevelFunction):
 def _forward_autograd(keyset, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
                       threads_per_sequence=0, vectors_per_thread=0):
     with enable_single_level_autograd_function():
-        return _Forward.apply(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
-                          vectors_per_thread)
+        return _Forward.apply(
+            inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread
+        )
 
 
 def _backward_autograd(keyset, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
                        log_coeffs=False, threads_per_sequence=0, vectors_per_thread=0):
     with enable_single_level_autograd_function():
-        return _Backward.apply(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs,
-                           threads_per_sequence, vectors_per_thread)
+        return _Backward.apply(
+            d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
+            vectors_per_thread,
+        )
 
 
+# Registered on the Autograd key rather than through torch.library.register_autograd, whose generated
+# Function has neither a jvp (forward-mode tangents were dropped) nor a setup_context (torch.func refused
+# it); torch.compile still sees the op itself, not these Functions.
 _LIBRARY.impl("forward", _forward_autograd, "Autograd", with_keyset=True)
 _LIBRARY.impl("backward", _backward_autograd, "Autograd", with_keyset=True)

@@ -87,6 +87,6 @@ def first_step(values: torch.Tensor, dim: int, reverse: bool, cu_seqlens: torch.
     starts = (cu_seqlens[1:] - 1) if reverse else cu_seqlens[:-1]
     empty = cu_seqlens[1:] == cu_seqlens[:-1]
     if length == 0:
-        return values.new_zeros(1).expand([starts.shape[0], *[s for d, s in enumerate(values.shape) if d not in (0, dim)]]).clone()
+        return values.new_zeros([starts.shape[0], *[s for d, s in enumerate(values.shape) if d not in (0, dim)]])
     picked = values.index_select(dim, starts.clamp(0, length - 1)).squeeze(0).movedim(dim - 1, 0)
     return picked.masked_fill(empty.view([-1] + [1] * (picked.dim() - 1)), 0)
