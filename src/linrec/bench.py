@@ -7,7 +7,10 @@ writes a CSV (and a PNG when matplotlib is installed). Bytes counted are the few
 move: forward reads inputs and coeffs and writes outputs (3 tensors); backward reads d_outputs,
 coeffs and outputs and writes d_inputs and d_coeffs (5 tensors). torch.add moves 3 tensors; its
 GB/s is the ceiling the ratio is taken against. A second table times the compiled kernels on the
-layouts models use (time in the middle dim, broadcast coefficients), with the same byte counts.
+layouts models use (time in the middle dim, broadcast coefficients), with the same byte counts. A third
+times the public API as training code calls it, with autograd: forward and backward, forward-mode AD
+(torch.func.jvp) and a gradient penalty (double backward), each in units of one torch.add on the same
+operands ("adds": the time of the whole step over add's).
 """
 
 from __future__ import annotations
@@ -72,6 +75,39 @@ def measure_layouts(device: torch.device, dtypes: Iterable[torch.dtype], progres
             rows.append(dict(device=device.type, dtype=str(dtype).removeprefix("torch."), shape="x".join(map(str, shape)),
                              dim=dim, coeffs="x".join(map(str, coeffs_shape or shape)), direction=direction, ms=ms,
                              gbps=gbps, ratio=gbps / add_gbps))
+    return rows
+
+
+def derivative_cases(device: torch.device) -> list[tuple[tuple[int, ...], int]]:
+    """(inputs shape, time dim) of the derivative-paths table: (batch, time, channels) and time last."""
+    if device.type != "cuda":
+        return [((4, 1024, 64), 1), ((256, 1024), -1)]
+    return [((8, 4096, 1024), 1), ((1024, 4096), -1)]
+
+
+def measure_derivatives(device: torch.device, dtypes: Iterable[torch.dtype], progress) -> list[dict]:
+    time_ms = timer(device)
+    rows = []
+    for dtype, (shape, dim) in progress([(d, case) for d in dtypes for case in derivative_cases(device)]):
+        inputs = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+        coeffs = torch.rand(shape, device=device, dtype=dtype).requires_grad_()
+        d_outputs, t_inputs, t_coeffs = (torch.randn_like(inputs) for _ in range(3))
+        add_ms = time_ms(lambda: torch.add(inputs.detach(), coeffs.detach()))
+
+        def forward_backward():
+            torch.autograd.grad(linrec.linrec(inputs, coeffs, dim), (inputs, coeffs), d_outputs)
+
+        def forward_mode():
+            torch.func.jvp(lambda x, c: linrec.linrec(x, c, dim), (inputs.detach(), coeffs.detach()), (t_inputs, t_coeffs))
+
+        def gradient_penalty():
+            gradients = torch.autograd.grad(linrec.linrec(inputs, coeffs, dim), (inputs, coeffs), d_outputs, create_graph=True)
+            torch.autograd.grad(sum((g * g).sum() for g in gradients), (inputs, coeffs))
+
+        for path, fn in (("fwd+bwd", forward_backward), ("jvp", forward_mode), ("penalty", gradient_penalty)):
+            ms = time_ms(fn)
+            rows.append(dict(device=device.type, dtype=str(dtype).removeprefix("torch."), shape="x".join(map(str, shape)),
+                             dim=dim, path=path, ms=ms, adds=ms / add_ms))
     return rows
 
 
@@ -158,11 +194,13 @@ def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progres
 #: Printed columns: (CSV key, header, format spec).
 TABLE_COLUMNS = [("dtype", "dtype", ">8"), ("sequences", "seqs", ">8"), ("length", "len", ">6"), ("impl", "impl", ">10")]
 LAYOUT_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "shape", ">14"), ("dim", "dim", ">3"), ("coeffs", "coeffs", ">14")]
+DERIVATIVE_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "shape", ">14"), ("dim", "dim", ">3"), ("path", "path", ">8"),
+                      ("ms", "ms", ">9.4f"), ("adds", "adds", ">6.1f")]
 TIMING_COLUMNS = [("direction", "dir", ">3"), ("ms", "ms", ">9.4f"), ("gbps", "GB/s", ">8.1f"), ("ratio", "x add", ">6.2f")]
 
 
-def print_table(rows: list[dict], columns=TABLE_COLUMNS) -> None:
-    columns = columns + TIMING_COLUMNS
+def print_table(rows: list[dict], columns=TABLE_COLUMNS, timing_columns=TIMING_COLUMNS) -> None:
+    columns = columns + timing_columns
     header = " ".join(f"{title:{spec.split('.')[0]}}" for _, title, spec in columns)
     print(header)
     print("-" * len(header))
@@ -173,10 +211,7 @@ def print_table(rows: list[dict], columns=TABLE_COLUMNS) -> None:
 def write_outputs(rows: list[dict], out_dir: Path, device: torch.device) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / f"linrec-bench-{device.type}.csv"
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, csv_path)
     print(f"wrote {csv_path}")
     try:
         import matplotlib
@@ -229,10 +264,18 @@ def main(argv: list[str] | None = None) -> None:
     layout_rows = measure_layouts(device, dtypes, progress)
     print()
     print_table(layout_rows, LAYOUT_COLUMNS)
-    with (args.out / f"linrec-bench-layouts-{device.type}.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(layout_rows[0]))
+    write_csv(layout_rows, args.out / f"linrec-bench-layouts-{device.type}.csv")
+    derivative_rows = measure_derivatives(device, dtypes, progress)
+    print()
+    print_table(derivative_rows, DERIVATIVE_COLUMNS, [])
+    write_csv(derivative_rows, args.out / f"linrec-bench-derivatives-{device.type}.csv")
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows(layout_rows)
+        writer.writerows(rows)
 
 
 if __name__ == "__main__":
