@@ -66,9 +66,14 @@ def _recurrence(kwargs, backend="auto"):
     return run
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES)
+def every_case(test):
+    """Parametrizes a test over every case, both dtypes and both directions."""
+    test = pytest.mark.parametrize("reverse", [False, True])(test)
+    test = pytest.mark.parametrize("dtype", DTYPES, ids=str)(test)
+    return pytest.mark.parametrize("case", CASES)(test)
+
+
+@every_case
 def test_gradcheck_reverse_and_forward_mode(device, seed, case, dtype, reverse):
     tensors, kwargs = _case(case, dtype, device, reverse)
     assert torch.autograd.gradcheck(
@@ -77,9 +82,7 @@ def test_gradcheck_reverse_and_forward_mode(device, seed, case, dtype, reverse):
     )
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES)
+@every_case
 def test_gradgradcheck(device, seed, case, dtype, reverse):
     tensors, kwargs = _case(case, dtype, device, reverse)
     assert torch.autograd.gradgradcheck(
