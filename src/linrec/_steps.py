@@ -19,11 +19,12 @@ def _time_mask(mask: torch.Tensor, ndim: int, dim: int) -> torch.Tensor:
     return mask.view(shape)
 
 
-def _sequence_ends(length: int, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each time step: the index of the first and of the last step of its packed sequence."""
+def _positions(length: int, cu_seqlens: torch.Tensor):
+    """For each time step: its index, its packed sequence, and the indices of that sequence's first and
+    last steps."""
     steps = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
     segment = torch.searchsorted(cu_seqlens, steps, right=True) - 1
-    return cu_seqlens[segment], cu_seqlens[segment + 1] - 1
+    return steps, segment, cu_seqlens[segment], cu_seqlens[segment + 1] - 1
 
 
 def _shift(values: torch.Tensor, dim: int, toward_end: bool, fill: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,13 +55,11 @@ def previous_step(
     shifted = _shift(values, dim, toward_end=not reverse)
     if values.shape[dim] == 0:
         return shifted
-    first, last = _sequence_ends(values.shape[dim], cu_seqlens)
-    steps = torch.arange(values.shape[dim], device=first.device, dtype=first.dtype)
+    steps, segment, first, last = _positions(values.shape[dim], cu_seqlens)
     starts = _time_mask(steps == (last if reverse else first), values.dim(), dim)
     if initial is None:
         return shifted.masked_fill(starts, 0)
     # initial's dim 0 counts sequences; inputs hold them along dim, behind a batch dim 0 of size 1.
-    segment = torch.searchsorted(cu_seqlens, steps, right=True) - 1
     initial_per_step = initial.index_select(0, segment).movedim(0, dim - 1).unsqueeze(0)
     return torch.where(starts, initial_per_step, shifted)
 
@@ -71,8 +70,7 @@ def next_step(values: torch.Tensor, dim: int, reverse: bool, cu_seqlens: torch.T
     shifted = _shift(values, dim, toward_end=reverse)
     if cu_seqlens is None or values.shape[dim] == 0:
         return shifted
-    first, last = _sequence_ends(values.shape[dim], cu_seqlens)
-    steps = torch.arange(values.shape[dim], device=first.device, dtype=first.dtype)
+    steps, _, first, last = _positions(values.shape[dim], cu_seqlens)
     return shifted.masked_fill(_time_mask(steps == (first if reverse else last), values.dim(), dim), 0)
 
 
