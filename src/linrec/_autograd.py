@@ -126,7 +126,6 @@ class _Forward(_SingleLevelFunction):
         if t_coeffs is not None:
             t_coeff_values = _times_c_in_log_space(t_coeffs, coeffs, log_coeffs)
             driving = _add(driving, t_coeff_values * previous_step(outputs, initial, dim, reverse, cu_seqlens))
-        t_initial = t_initial if initial is not None else None
         return torch.ops.linrec.forward(_full(driving, outputs), coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
 
 
@@ -158,7 +157,6 @@ class _Backward(_SingleLevelFunction):
     def backward(ctx, v_inputs, v_coeffs, v_initial):
         d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
         dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
-        v_initial = v_initial if initial is not None else None
         # The cotangent reaching dx: its own, and dc's and dh's through their factors of dx.
         v_total = v_inputs
         grad_outputs = grad_initial = None
@@ -190,7 +188,6 @@ class _Backward(_SingleLevelFunction):
         _check_single_forward_mode_level()
         d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
         dim, reverse, log_coeffs = ctx.dim, ctx.reverse, ctx.log_coeffs
-        t_initial = t_initial if initial is not None else None
         # dx[l] = g[l] + conj(c[next]) * dx[next]: a tangent of c drives the scan like a tangent of g.
         driving = t_d_outputs
         coeff_term = None
