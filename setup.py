@@ -211,7 +211,7 @@ def native_libraries() -> list[NativeLibrary]:
     else:
         libraries.append(NativeLibrary(
             "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/launch.cu",
-                               "csrc/kernels/cuda/pipe_scan.cu", "csrc/kernels/cuda/sequential_scan.cu"],
+                               "csrc/kernels/cuda/pipe_scan.cu"],
             uses_cuda=True))
     return libraries
 

@@ -255,3 +255,99 @@ def test_more_than_2_to_the_31_elements(seed):
     expected = cpu_reference(inputs[rows], coeffs[rows], inputs[rows], True)
     for name, actual, reference in zip(("outputs", "d_inputs", "d_coeffs"), (outputs, d_inputs, d_coeffs), expected):
         assert_matches(actual[rows], reference, torch.bfloat16, name)
+
+
+def packed_offsets(length, tile, items, dense_tiles=2):
+    """cu_seqlens for one row of `length`: sequence boundaries at, before and after every chunk
+    boundary (every `items` elements) of the first `dense_tiles` tiles and every tile boundary after,
+    sequences of length 1 at both ends, and empty sequences at the start, at the first tile boundary
+    and at the end."""
+    edges = [*range(items, min(length, dense_tiles * tile), items), *range(tile, length, tile)]
+    cuts = {1, length - 1} | {edge + step for edge in edges for step in (-1, 0, 1)}
+    offsets = sorted([0, 0, *(cut for cut in cuts if 0 < cut < length), min(tile, length), length, length])
+    return torch.tensor(offsets, dtype=torch.int32)
+
+
+def check_packed(inputs, coeffs, dim, reverse, offsets, config=(0, 0), with_initial=True, log_coeffs=False):
+    """Forward and backward over packed sequences, on poisoned memory, against the CPU kernels in float64."""
+    dtype = inputs.dtype
+    state_shape = list(inputs.shape)
+    del state_shape[dim]
+    state_shape[0] = len(offsets) - 1
+    initial = random_values(state_shape, dtype, "cuda") if with_initial else None
+    d_outputs = random_values(inputs.shape, dtype, "cuda")
+    options = dict(dim=dim, reverse=reverse, initial=initial, cu_seqlens=offsets.cuda(), log_coeffs=log_coeffs)
+    forced = dict(threads_per_sequence=config[0], vectors_per_thread=config[1])
+    poison_free_memory(inputs.numel(), dtype)
+    outputs = torch.ops.linrec.forward(inputs, coeffs, **options, **forced)
+    poison_free_memory(inputs.numel(), dtype)
+    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
+    wide_options = dict(options, initial=wide(initial), cu_seqlens=offsets.cpu())
+    expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
+    expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
+    what = f"{tuple(inputs.shape)} dim={dim} coeffs {tuple(coeffs.shape)} config {config} {len(offsets) - 1} sequences"
+    assert_matches(outputs, expected_outputs, dtype, f"outputs {what}")
+    for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
+        assert_matches(grad, want, dtype, f"{name} {what}")
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.complex64], ids=str)
+@pytest.mark.parametrize("config", TILE_SHAPES, ids=str)
+def test_packed_sequences_every_config(seed, config, dtype, reverse):
+    """Sequence starts at every position around chunk and tile boundaries (and chained chunks), empty
+    sequences and sequences of one element, in every compiled config of time-contiguous rows, with
+    and without initial states."""
+    tile = tile_length(config, dtype)
+    items = tile // config[0]
+    for length, with_initial in ((3 * tile + 5, True), (2 * tile + 8, False)):
+        inputs, coeffs = random_operands((1, 37, length), dtype, "cuda")
+        check_packed(inputs, coeffs, 2, reverse, packed_offsets(length, tile, items), config, with_initial)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64], ids=str)
+def test_packed_sequences_strided_time(seed, dtype, reverse):
+    """(1, time, channels) along dim 1: sequence starts around every chunk and tile boundary of the
+    strided kernels, chained along time (40 channels) and piped (9000 channels)."""
+    tile = strided_tile_length(dtype)
+    items = tile // 8
+    for length, channels in ((3 * tile + 5, 40), (33 * tile + 1, 40), (2 * tile + 3, 9000)):
+        inputs, coeffs = random_operands((1, length, channels), dtype, "cuda")
+        check_packed(inputs, coeffs, 1, reverse, packed_offsets(length, tile, items))
+    inputs, coeffs = random_operands((1, 2 * tile + 3, 40), dtype, "cuda")
+    check_packed(inputs, coeffs, 1, reverse, packed_offsets(2 * tile + 3, tile, items), with_initial=False)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_packed_sequences_broadcast_and_log_coeffs(seed, dtype, reverse):
+    """Log coefficients broadcast along time (one per row: the broadcast kernels) and across channels
+    (one per (batch, time), strided time) over packed sequences."""
+    tile = tile_length(TILE_SHAPES[-2], dtype)
+    cases = [((1, 37, 3 * tile + 5), 2, (1, 37, 1), tile, tile // 64), ((1, 3001, 40), 1, (1, 3001, 1), 128, 16)]
+    for shape, dim, coeffs_shape, edge_tile, items in cases:
+        inputs = random_values(shape, dtype, "cuda")
+        coeffs = (random_coeffs(coeffs_shape, dtype, "cuda") * 0.9).abs().log()
+        check_packed(inputs, coeffs, dim, reverse, packed_offsets(shape[dim], edge_tile, items), log_coeffs=True)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_packed_sequences_many_and_long(seed, dtype, reverse):
+    """Many sequences of random lengths (empty ones included) with the automatic config, time last
+    and strided; one sequence (the unpacked call's result); and few long rows chained across blocks
+    with coefficients near 1, so that look-backs walk across sequence starts."""
+    generator = torch.Generator().manual_seed(0)
+    for count, length in ((4096, 20011), (1, 5000)):
+        cuts = torch.randint(0, length + 1, (count - 1,), generator=generator).sort().values
+        offsets = torch.cat([torch.tensor([0]), cuts, torch.tensor([length])]).to(torch.int64)
+        for shape, dim in (((1, 3, length), 2), ((1, length, 8), 1)):
+            inputs, coeffs = random_operands(shape, dtype, "cuda")
+            check_packed(inputs, coeffs, dim, reverse, offsets)
+    tile = tile_length(CHAINED_TILE_SHAPE, dtype)
+    length = 40 * tile + 8
+    offsets = torch.tensor([0, 1, 5 * tile, 5 * tile, 5 * tile + 1, 37 * tile - 1, length], dtype=torch.int32)
+    inputs = random_values((1, 2, length), dtype, "cuda")
+    coeffs = random_coeffs((1, 2, length), dtype, "cuda", min_magnitude=0.99)
+    check_packed(inputs, coeffs, 2, reverse, offsets)

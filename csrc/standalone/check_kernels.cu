@@ -273,11 +273,12 @@ int main(int argc, char** argv) {
       for (bool reverse : {false, true}) {
         for (int64_t seq_len : {int64_t(1), int64_t(2), int64_t(31), int64_t(33), int64_t(1000), max_length})
           all_ok &= check_case<T>(dtype, Case{131, seq_len, reverse}, rng);
-        // The branches of the pipe kernels (initial, broadcast coefficients, channels innermost) and the
-        // sequential kernels (packed sequences).
+        // The branches of the pipe kernels: initial, broadcast coefficients, channels innermost, packed
+        // sequences (empty ones included) along contiguous and strided time.
         all_ok &= check_case<T>(dtype, Case{67, 1001, reverse, false, true, true}, rng);
         all_ok &= check_case<T>(dtype, Case{67, 301, reverse, true, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{33, 301, reverse, true, true, true, 9}, rng);
+        all_ok &= check_case<T>(dtype, Case{33, 3001, reverse, false, false, true, 300}, rng);
         // Chained across blocks (few rows): time-contiguous with more chunks than one look-back window,
         // unaligned (staged) and 16-byte aligned with a partial last chunk (coalesced or vectorized),
         // strided with a partial group of channels, and strided many channels (piped).

@@ -1,4 +1,4 @@
-// The CUDA kernel families and what each one takes; launch.cu picks one per call.
+// The CUDA kernel family and what it takes; launch.cu calls it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,16 +9,10 @@ namespace linrec::cuda {
 
 // Pipe kernels (pipe_scan.cu): segments of threads scan tiles of a sequence, coalesced along time
 // where time is contiguous, across channels where it is not; sequences too few for the GPU are split
-// across blocks (chained). They take any strides, one sequence per row (no cu_seqlens). The chained
-// configs need the workspace that workspace_bytes() (cuda_launch.h) reports.
-bool pipe_supports(const SequenceLayout& layout);
+// across blocks (chained). They take any strides, and packed sequences (cu_seqlens) as resets inside
+// a row. The chained configs need the workspace that workspace_bytes() (cuda_launch.h) reports.
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream);
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream);
-
-// Sequential kernels (sequential_scan.cu): one thread per sequence, any strides and packed sequences
-// (cu_seqlens); neighbouring threads take neighbouring rows.
-void launch_sequential_forward(const ForwardParams& params, cudaStream_t stream);
-void launch_sequential_backward(const BackwardParams& params, cudaStream_t stream);
 
 // A kernel whose attributes tell whether this build has code for the current device.
 const void* probe_kernel();

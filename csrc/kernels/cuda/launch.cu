@@ -1,4 +1,4 @@
-// Host entry points of the CUDA kernels: the device check and the choice of kernel family per call.
+// Host entry points of the CUDA kernels: the device check and the launches.
 #include <atomic>
 #include <string>
 
@@ -44,13 +44,11 @@ void check_device_supported(int device) {
 }
 
 void launch_forward(const ForwardParams& params, cudaStream_t stream) {
-  if (pipe_supports(params)) launch_pipe_forward(params, stream);
-  else launch_sequential_forward(params, stream);
+  launch_pipe_forward(params, stream);
 }
 
 void launch_backward(const BackwardParams& params, cudaStream_t stream) {
-  if (pipe_supports(params)) launch_pipe_backward(params, stream);
-  else launch_sequential_backward(params, stream);
+  launch_pipe_backward(params, stream);
 }
 
 }  // namespace linrec::cuda

@@ -4,6 +4,8 @@
 // sequences to fill the GPU, the tiles of a sequence go to different blocks instead, chained by a
 // look-back (lookback.h). Time-contiguous rows are scanned along the row; layouts with time strided
 // (channels contiguous) put a warp's lanes on neighbouring channels and split time over its warps.
+// Packed sequences (cu_seqlens) are scanned as their row, reset at each sequence's start
+// (sequence_starts.h), by the same kernels and configs as unpacked rows.
 // Forward and the fused backward share the TileScan primitive (block_scan.h), the chunk loads and
 // stores (memio.h) and the two schedules.
 #include <cuda_bf16.h>
@@ -20,6 +22,7 @@
 #include "linrec/lookback.h"
 #include "linrec/memio.h"
 #include "linrec/numeric.h"
+#include "linrec/sequence_starts.h"
 
 namespace linrec {
 
@@ -326,9 +329,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
   const T* inputs = thread.template row<const T>(params.inputs);
   const T* coeffs = thread.template row<const T>(params.coeffs);
   T* outputs = thread.row(params.outputs);
-  const int64_t first = Config.reverse ? params.seq_len - 1 : 0;  // has no predecessor
-  const bool has_initial = params.initial.data != nullptr;
-  const Acc initial = has_initial && thread.active ? static_cast<Acc>(*thread.template row<const T>(params.initial)) : Acc(0);
+  const SequenceStarts starts{params};
+  // The initial states of the row's packed sequences (one without cu_seqlens), if any.
+  const T* initial = params.initial.data != nullptr && thread.active ? thread.template row<const T>(params.initial) : nullptr;
   // Past the row's end, coefficients are the identity's: 1 (log 1 = 0 with log_coeffs).
   const Acc coeff_fill = params.log_coeffs ? Acc(0) : Acc(1);
 
@@ -345,18 +348,19 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
     if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff);
     io.arrange(value);
     io.arrange(coeff);
-    // One uniform branch per tile for the flag, one for the single chunk holding the first element:
-    // branches per item cost the loop a fifth of its speed.
+    // One uniform branch per tile for the flag, and per chunk a search for the sequence starts in it
+    // (one compare without cu_seqlens): branches per item cost the loop a fifth of its speed.
     if (params.log_coeffs) exponentiate(coeff);
-    if (begin <= first && first < begin + kItems) {
+    starts.for_each(begin, begin + kItems, [&](int64_t position, int64_t segment) {
+      const Acc state = initial != nullptr ? static_cast<Acc>(initial[segment * params.initial.segment_stride]) : Acc(0);
       #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        if (begin + i == first) {  // outputs[first] = coeffs[first] * initial + inputs[first]
-          if (has_initial) value[i] = coeff[i] * initial + value[i];
-          coeff[i] = Acc(0);  // without an initial state, whatever the coefficient (NaN and Inf too)
+        if (begin + i == position) {  // outputs[start] = coeffs[start] * initial + inputs[start]
+          if (initial != nullptr) value[i] = coeff[i] * state + value[i];
+          coeff[i] = Acc(0);  // the state before the start takes no part, whatever it is
         }
       }
-    }
+    });
     Acc next_value[kItems], next_coeff[kItems];
     if constexpr (Thread::kPrefetch)
       if (step + 1 < end_step) fetch_tile(step + 1, next_value, next_coeff);
@@ -389,10 +393,10 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   const T* outputs = thread.template row<const T>(params.outputs);
   T* d_inputs = thread.row(params.d_inputs);
   T* d_coeffs = thread.row(params.d_coeffs);
-  const int64_t first = kForwardReverse ? params.seq_len - 1 : 0;  // the forward op's first element
-  const bool has_initial = params.initial.data != nullptr;
-  const Acc initial = has_initial && thread.active ? static_cast<Acc>(*thread.template row<const T>(params.initial)) : Acc(0);
-  T* const d_initial = has_initial && thread.active ? thread.row(params.d_initial) : nullptr;
+  const SequenceStarts starts{params};  // where the forward op's recurrence starts over
+  const bool has_initial = params.initial.data != nullptr && thread.active;
+  const T* initial = has_initial ? thread.template row<const T>(params.initial) : nullptr;
+  T* const d_initial = has_initial ? thread.row(params.d_initial) : nullptr;
 
   const int64_t end_step = thread.end_step();
   // A tile needs its three chunks and, from the neighbouring chunks (L1 hits: the neighbour threads
@@ -412,7 +416,6 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   Acc value[kItems], coeff[kItems], output[kItems], coeff_after, output_before;
   if constexpr (Thread::kPrefetch) fetch_tile(thread.first_step(), value, coeff, output, coeff_after, output_before);
   auto prefix = thread.make_prefix(storage, params);
-  Acc first_coeff = Acc(0);  // coeffs[first], kept by the thread whose chunk holds it for d_initial
   for (int64_t step = thread.first_step(); step < end_step; ++step) {
     const int64_t begin = thread.chunk_begin(step);
     if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff, output, coeff_after, output_before);
@@ -432,16 +435,17 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       shifted_coeff[i] = conj(next >= 0 && next < kItems ? coeff[next] : coeff_after);
       prev_output[i] = conj(prev >= 0 && prev < kItems ? output[prev] : output_before);
     }
-    const bool owns_first = begin <= first && first < begin + kItems;  // one chunk of one tile
-    if (owns_first) {
+    // A start has no predecessor: its factor is its sequence's initial state (d_coeffs is zeroed below
+    // without one). The element before it in the forward direction has no successor.
+    const int64_t window_begin = kForwardReverse ? begin - 1 : begin;
+    starts.for_each(window_begin, window_begin + kItems + 1, [&](int64_t position, int64_t segment) {
+      const int64_t at = position - begin, before = kForwardReverse ? at + 1 : at - 1;
       #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        if (begin + i == first) {
-          prev_output[i] = conj(initial);
-          first_coeff = coeff[i];
-        }
+        if (i == at && initial != nullptr) prev_output[i] = conj(static_cast<Acc>(initial[segment * params.initial.segment_stride]));
+        if (i == before) shifted_coeff[i] = Acc(0);
       }
-    }
+    });
     if (params.log_coeffs) {  // d/d(log c) = c * d/dc
       #pragma unroll
       for (int i = 0; i < kItems; ++i) prev_output[i] = prev_output[i] * coeff[i];
@@ -453,15 +457,21 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
     thread.scan(value, shifted_coeff, prefix);
     #pragma unroll
     for (int i = 0; i < kItems; ++i) prev_output[i] = value[i] * prev_output[i];
-    if (owns_first) {
+    // d_initial = conj(coeffs[start]) * d_inputs[start], with the coefficient read again (coeff[] may
+    // hold the next tile by now); without an initial state the start's coefficient takes no part.
+    starts.for_each(begin, begin + kItems, [&](int64_t position, int64_t segment) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        if (begin + i == first) {
-          if (d_initial != nullptr) *d_initial = static_cast<T>(conj(first_coeff) * value[i]);
-          if (!has_initial) prev_output[i] = Acc(0);  // no predecessor: the coefficient takes no part
+        if (begin + i != position) continue;
+        if (d_initial == nullptr) {
+          prev_output[i] = Acc(0);
+        } else {
+          const Acc start_coeff = coefficient(load_one(coeffs, Thread::read_stride(params.coeffs), position, length, Acc(0)),
+                                              params.log_coeffs);
+          d_initial[segment * params.d_initial.segment_stride] = static_cast<T>(conj(start_coeff) * value[i]);
         }
       }
-    }
+    });
     thread.store(params.d_inputs, d_inputs, step, value);
     thread.store(params.d_coeffs, d_coeffs, step, prev_output);
     if constexpr (Thread::kPrefetch) {
@@ -586,14 +596,12 @@ void check_workspace(const SequenceLayout& layout) {
 
 }  // namespace
 
-bool pipe_supports(const SequenceLayout& layout) { return layout.cu_seqlens == nullptr; }
-
 int64_t workspace_bytes(const ForwardParams& params) {
-  return pipe_supports(params) && params.numel() > 0 ? pipe_workspace_bytes(params) : 0;
+  return params.numel() > 0 ? pipe_workspace_bytes(params) : 0;
 }
 
 int64_t workspace_bytes(const BackwardParams& params) {
-  return pipe_supports(params) && params.numel() > 0 ? pipe_workspace_bytes(params) : 0;
+  return params.numel() > 0 ? pipe_workspace_bytes(params) : 0;
 }
 
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
@@ -611,6 +619,8 @@ void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
+
+const void* probe_kernel() { return reinterpret_cast<const void*>(pipe_forward_kernel<float, Policy<kPipeConfigs[0]>>); }
 
 }  // namespace cuda
 }  // namespace linrec

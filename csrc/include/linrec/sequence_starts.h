@@ -1,0 +1,56 @@
+// Where the recurrence starts over inside a row: the first element, in the op's direction, of every
+// non-empty packed sequence (cu_seqlens), or of the whole row without packing. The parallel kernels
+// scan a row of packed sequences as one sequence in which these elements reset the state: their
+// coefficient becomes 0 (the coefficient before a sequence takes no part) and the sequence's initial
+// state enters there. A tile then costs the same whatever the number of sequences it holds.
+#pragma once
+
+#include <cstdint>
+
+#include "linrec/params.h"
+
+namespace linrec {
+
+struct SequenceStarts {
+  const SequenceLayout& layout;
+
+  // The packed sequence holding element `position` of a row (0 <= position < seq_len): the last
+  // segment starting at or before it, which skips the empty ones starting there too. One load per
+  // halving of [0, num_segments): the offsets stay in L1, and every lane of a strided warp asks for
+  // the same ones.
+  LINREC_HOST_DEVICE int64_t segment_at(int64_t position) const {
+    int64_t low = 0, high = layout.num_segments;
+    while (high - low > 1) {
+      const int64_t middle = low + (high - low) / 2;
+      if (layout.boundary(middle) <= position) low = middle;
+      else high = middle;
+    }
+    return low;
+  }
+
+  // Calls visit(position, segment) for every start in [begin, end), in increasing position.
+  template <typename Visit>
+  LINREC_HOST_DEVICE void for_each(int64_t begin, int64_t end, Visit&& visit) const {
+    begin = begin < 0 ? 0 : begin;
+    end = end > layout.seq_len ? layout.seq_len : end;
+    if (begin >= end) return;
+    if (layout.cu_seqlens == nullptr) {
+      const int64_t first = layout.reverse ? layout.seq_len - 1 : 0;
+      if (begin <= first && first < end) visit(first, int64_t{0});
+      return;
+    }
+    // Forward: segment s starts at boundary(s); reverse: at boundary(s + 1) - 1. The segment holding
+    // `begin` is the first whose start can lie in the range.
+    int64_t segment = segment_at(begin);
+    int64_t segment_begin = layout.boundary(segment);
+    for (; segment < layout.num_segments; ++segment) {
+      const int64_t segment_end = layout.boundary(segment + 1);
+      const int64_t start = layout.reverse ? segment_end - 1 : segment_begin;
+      if (start >= end) break;
+      if (start >= begin && segment_end > segment_begin) visit(start, segment);
+      segment_begin = segment_end;
+    }
+  }
+};
+
+}  // namespace linrec
