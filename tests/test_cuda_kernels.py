@@ -46,8 +46,10 @@ def tile_length(config, dtype):
 
 
 def strided_tile_length(dtype):
-    """Time steps of a strided tile: kStridedTileShape, 8 warps x 4 accumulator vectors a thread."""
-    return 8 * 4 * 16 // accumulator_size(dtype)
+    """Time steps of a strided tile: kStridedTileShape, 8 warps x 4 accumulator vectors a thread. The
+    16-bit types scan two neighbouring channels a thread (8-byte accumulators) wherever the layout allows
+    it, as every even channel count of contiguous tensors does."""
+    return 8 * 4 * 16 // (8 if accumulator_size(dtype) > torch.empty((), dtype=dtype).element_size() else accumulator_size(dtype))
 
 
 def poison_free_memory(numel, dtype):
@@ -128,6 +130,29 @@ def test_strided_time_dim_at_size(seed, shape, dim, reverse):
     assert_matches(outputs, expected_outputs, torch.float32)
     for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
         assert_matches(grad, want, torch.float32, name)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_strided_time_channel_pairs(seed, dtype, reverse):
+    """16-bit types along strided time, two neighbouring channels a thread: even channel counts chained
+    and piped, per-channel log coefficients (broadcast along batch and time), and the layouts that keep
+    one channel a thread (an odd channel count, a start one element past alignment, channels with
+    stride 2)."""
+    tile = strided_tile_length(dtype)
+    for length in (1, tile - 1, tile, tile + 1, 2 * tile + 8, 33 * tile + 1):
+        inputs, coeffs = random_operands((2, length, 40), dtype, "cuda")
+        check_with_features(inputs, coeffs, 1, reverse)
+    inputs, coeffs = random_operands((2, tile + 3, 9000), dtype, "cuda")  # enough pairs to pipe
+    check_with_features(inputs, coeffs, 1, reverse)
+    inputs = random_values((3, 2 * tile + 5, 64), dtype, "cuda")
+    coeffs = (random_coeffs((64,), dtype, "cuda") * 0.9).abs().log()
+    check_with_features(inputs, coeffs, 1, reverse, log_coeffs=True)
+    odd = random_operands((2, 2 * tile + 1, 41), dtype, "cuda")
+    misaligned = [misaligned_copy(t) for t in random_operands((2, 2 * tile + 1, 40), dtype, "cuda")]
+    every_other = [t[..., ::2] for t in random_operands((2, 2 * tile + 1, 80), dtype, "cuda")]
+    for inputs, coeffs in (odd, misaligned, every_other):
+        check_with_features(inputs, coeffs, 1, reverse)
 
 
 def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False):

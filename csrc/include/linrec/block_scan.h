@@ -12,10 +12,11 @@
 
 namespace linrec {
 
-// A warp shuffle of any accumulator: complex values move as their two parts.
+// A warp shuffle of any accumulator: complex values and channel pairs move as their two parts.
 template <typename Acc, typename Shuffle>
 __device__ __forceinline__ Acc shuffled(const Acc& value, Shuffle shuffle) {
   if constexpr (is_complex<Acc>::value) return Acc(shuffle(value.re), shuffle(value.im));
+  else if constexpr (is_channel_pair<Acc>::value) return Acc(shuffle(value.first), shuffle(value.second));
   else return shuffle(value);
 }
 

@@ -39,6 +39,7 @@ __device__ __forceinline__ void store_release(int* flag, int value) {
 template <typename Acc>
 __device__ __forceinline__ Acc load_published(const Acc* address) {
   if constexpr (is_complex<Acc>::value) return Acc(__ldcg(&address->re), __ldcg(&address->im));
+  else if constexpr (is_channel_pair<Acc>::value) return Acc(__ldcg(&address->first), __ldcg(&address->second));
   else return __ldcg(address);
 }
 

@@ -99,9 +99,10 @@ template <typename T>
 constexpr Access kChainedAlignedAccess = sizeof(T) >= sizeof(float) ? Access::Coalesced : Access::Vectorized;
 
 // Whether the kernels of `config` are compiled for T: all configs but the chained aligned access of
-// the other types.
+// the other types; for channel pairs, the strided ones.
 template <typename T>
 constexpr bool compiled_for(const PipeConfig& config) {
+  if (is_channel_pair<T>::value) return config.access == Access::Strided;
   const bool chained_aligned = config.schedule == Schedule::Chained &&
                                (config.access == Access::Vectorized || config.access == Access::Coalesced);
   return !chained_aligned || config.access == kChainedAlignedAccess<T>;
@@ -135,6 +136,10 @@ __host__ __device__ constexpr int block_threads(const PipeConfig& config) {
 // hundreds of bytes.
 constexpr int kTileHoldingThreadsPerMultiprocessor = 768;
 
+// Channel pairs hold twice the look-back state of a float32 lane: capped at 85 registers their chained
+// forward spilled 220 bytes; 2 blocks of 256 threads an SM leave them 128.
+constexpr int kPairTileThreadsPerMultiprocessor = 512;
+
 // Coalesced blocks also move the tile through shared memory: capped at 85 registers they spilled 28
 // bytes; at 102 (5 blocks of 128 threads an SM) none, and float32 forward on 1 x 2^24, 8 x 2^21,
 // 64 x 2^18 and 256 x 65536 went 0.78 / 0.77 / 0.83 / 0.88 -> 0.78 / 0.78 / 0.86 / 0.91 of
@@ -144,9 +149,12 @@ constexpr int kCoalescedTileThreadsPerMultiprocessor = 640;
 template <typename T>
 __host__ __device__ constexpr int min_blocks_forward(const PipeConfig& config) {
   const bool holds_tile = config.access == Access::Strided || config.schedule == Schedule::Chained;
-  if (!holds_tile || sizeof(accumulator_t<T>) != sizeof(float)) return 1;
-  const int threads = config.access == Access::Coalesced ? kCoalescedTileThreadsPerMultiprocessor
-                                                         : kTileHoldingThreadsPerMultiprocessor;
+  using Acc = accumulator_t<T>;
+  if (!holds_tile || !(std::is_same_v<Acc, float> || std::is_same_v<Acc, ChannelPair<float>>)) return 1;
+  const bool chained_pairs = is_channel_pair<Acc>::value && config.schedule == Schedule::Chained;
+  const int threads = chained_pairs                         ? kPairTileThreadsPerMultiprocessor
+                      : config.access == Access::Coalesced ? kCoalescedTileThreadsPerMultiprocessor
+                                                           : kTileHoldingThreadsPerMultiprocessor;
   return threads / block_threads(config);
 }
 
@@ -174,10 +182,8 @@ __host__ __device__ constexpr int64_t tile_length(const PipeConfig& config) {
 // tile rather than per item, so that the exponentials are not evaluated when the flag is off.
 template <typename Acc, int Items>
 __device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
-  if constexpr (!is_complex<Acc>::value) {
-    #pragma unroll
-    for (int i = 0; i < Items; ++i) coeff[i] = exp(coeff[i]);
-  }
+  #pragma unroll
+  for (int i = 0; i < Items; ++i) coeff[i] = coefficient(coeff[i], true);
 }
 
 // An empty stand-in for the look-back's shared memory in kernels that do not chain.
@@ -438,11 +444,15 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
     // A start has no predecessor: its factor is its sequence's initial state (d_coeffs is zeroed below
     // without one). The element before it in the forward direction has no successor.
     const int64_t window_begin = kForwardReverse ? begin - 1 : begin;
+    uint32_t chunk_starts = 0;  // bit i: item i starts a sequence
     starts.for_each(window_begin, window_begin + kItems + 1, [&](int64_t position, int64_t segment) {
       const int64_t at = position - begin, before = kForwardReverse ? at + 1 : at - 1;
       #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        if (i == at && initial != nullptr) prev_output[i] = conj(static_cast<Acc>(initial[segment * params.initial.segment_stride]));
+        if (i == at) {
+          chunk_starts |= 1u << i;
+          if (initial != nullptr) prev_output[i] = conj(static_cast<Acc>(initial[segment * params.initial.segment_stride]));
+        }
         if (i == before) shifted_coeff[i] = Acc(0);
       }
     });
@@ -457,21 +467,22 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
     thread.scan(value, shifted_coeff, prefix);
     #pragma unroll
     for (int i = 0; i < kItems; ++i) prev_output[i] = value[i] * prev_output[i];
-    // d_initial = conj(coeffs[start]) * d_inputs[start], with the coefficient read again (coeff[] may
-    // hold the next tile by now); without an initial state the start's coefficient takes no part.
-    starts.for_each(begin, begin + kItems, [&](int64_t position, int64_t segment) {
+    // Without an initial state a start's coefficient takes no part. With one, d_initial =
+    // conj(coeffs[start]) * d_inputs[start], the coefficient read again (coeff[] may hold the next tile
+    // by now) and the starts' sequences found again: only in the chunks that hold a start.
+    if (chunk_starts != 0 && d_initial == nullptr) {
       #pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        if (begin + i != position) continue;
-        if (d_initial == nullptr) {
-          prev_output[i] = Acc(0);
-        } else {
-          const Acc start_coeff = coefficient(load_one(coeffs, Thread::read_stride(params.coeffs), position, length, Acc(0)),
-                                              params.log_coeffs);
-          d_initial[segment * params.d_initial.segment_stride] = static_cast<T>(conj(start_coeff) * value[i]);
-        }
-      }
-    });
+      for (int i = 0; i < kItems; ++i)
+        if (chunk_starts >> i & 1u) prev_output[i] = Acc(0);
+    } else if (chunk_starts != 0) {
+      starts.for_each(begin, begin + kItems, [&](int64_t position, int64_t segment) {
+        const Acc start_coeff = coefficient(load_one(coeffs, Thread::read_stride(params.coeffs), position, length, Acc(0)),
+                                            params.log_coeffs);
+        #pragma unroll
+        for (int i = 0; i < kItems; ++i)
+          if (begin + i == position) d_initial[segment * params.d_initial.segment_stride] = static_cast<T>(conj(start_coeff) * value[i]);
+      });
+    }
     thread.store(params.d_inputs, d_inputs, step, value);
     thread.store(params.d_coeffs, d_coeffs, step, prev_output);
     if constexpr (Thread::kPrefetch) {
@@ -559,15 +570,63 @@ PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operand
   return strided;
 }
 
-// Calls body.template operator()<T, Config>() with the element type and the config of a call.
+template <typename Visit>
+void for_each_operand(ForwardParams& params, Visit&& visit) {
+  for (Operand* operand : {&params.inputs, &params.coeffs, &params.outputs, &params.initial}) visit(*operand);
+}
+template <typename Visit>
+void for_each_operand(BackwardParams& params, Visit&& visit) {
+  for (Operand* operand : {&params.d_outputs, &params.coeffs, &params.outputs, &params.initial, &params.d_inputs,
+                           &params.d_coeffs, &params.d_initial})
+    visit(*operand);
+}
+
+// Re-describes `params` over ChannelPair elements: the innermost batch dim (channels) counts pairs,
+// and every stride is halved. Possible where every operand steps through that dim with stride 1
+// (none is broadcast across channels), the dim is even, and every other stride and pointer keeps the
+// pairs 2-element aligned; returns false (and leaves `params` as it was) otherwise.
+template <typename T, typename Params>
+bool pair_channels(Params& params) {
+  const int inner = params.shape.num_dims - 1;
+  if (inner < 0 || params.shape.sizes[inner] % 2 != 0) return false;
+  bool pairable = true;
+  for_each_operand(params, [&](Operand& operand) {
+    if (operand.data == nullptr) return;
+    pairable = pairable && operand.strides[inner] == 1 && operand.time_stride % 2 == 0 &&
+               operand.segment_stride % 2 == 0 && reinterpret_cast<uintptr_t>(operand.data) % (2 * sizeof(T)) == 0;
+    for (int d = 0; d < inner; ++d) pairable = pairable && operand.strides[d] % 2 == 0;
+  });
+  if (!pairable) return false;
+  params.shape.sizes[inner] /= 2;
+  for_each_operand(params, [&](Operand& operand) {
+    operand.time_stride /= 2;
+    operand.segment_stride /= 2;
+    for (int d = 0; d < inner; ++d) operand.strides[d] /= 2;
+  });
+  return true;
+}
+
+// Calls body.template operator()<T, Config>(launched) with the element type, the config and the
+// params of a call: 16-bit types along strided time take channel pairs where the layout allows.
 template <typename Params, typename Body>
 void dispatch_call(const Params& params, Body&& body) {
+  const int multiprocessors = multiprocessor_count();
   dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
-    const PipeConfig config = choose_config<T>(params, operands_of(params), multiprocessor_count());
-    dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() {
-      if constexpr (compiled_for<T>(Config)) body.template operator()<T, Config>();
-      else throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(Config) + " in this dtype");
-    });
+    const auto run = [&]<typename Element>(const Params& launched, const PipeConfig& config) {
+      dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() {
+        if constexpr (compiled_for<Element>(Config)) body.template operator()<Element, Config>(launched);
+        else throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(Config) + " in this dtype");
+      });
+    };
+    const PipeConfig config = choose_config<T>(params, operands_of(params), multiprocessors);
+    if constexpr (sizeof(T) == 2) {
+      Params paired = params;
+      if (config.access == Access::Strided && pair_channels<T>(paired)) {
+        const PipeConfig paired_config = choose_config<ChannelPair<T>>(paired, operands_of(paired), multiprocessors);
+        if (paired_config.access == Access::Strided) return run.template operator()<ChannelPair<T>>(paired, paired_config);
+      }
+    }
+    run.template operator()<T>(params, config);
   });
 }
 
@@ -581,8 +640,8 @@ dim3 grid_for(const SequenceLayout& layout) {
 template <typename Params>
 int64_t pipe_workspace_bytes(const Params& params) {
   int64_t bytes = 0;
-  dispatch_call(params, [&]<typename T, PipeConfig Config>() {
-    if constexpr (Config.schedule == Schedule::Chained) bytes = PipeThread<T, Config, false>::chain_layout(params).bytes();
+  dispatch_call(params, [&]<typename T, PipeConfig Config>(const Params& launched) {
+    if constexpr (Config.schedule == Schedule::Chained) bytes = PipeThread<T, Config, false>::chain_layout(launched).bytes();
   });
   return bytes;
 }
@@ -605,17 +664,17 @@ int64_t workspace_bytes(const BackwardParams& params) {
 }
 
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
-  dispatch_call(params, [&]<typename T, PipeConfig Config>() {
-    check_workspace<Config>(params);
-    pipe_forward_kernel<T, Policy<Config>><<<grid_for<T, Config>(params), block_threads(Config), 0, stream>>>(params);
+  dispatch_call(params, [&]<typename T, PipeConfig Config>(const ForwardParams& launched) {
+    check_workspace<Config>(launched);
+    pipe_forward_kernel<T, Policy<Config>><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
-  dispatch_call(params, [&]<typename T, PipeConfig Config>() {
-    check_workspace<Config>(params);
-    pipe_backward_kernel<T, Policy<Config>><<<grid_for<T, Config>(params), block_threads(Config), 0, stream>>>(params);
+  dispatch_call(params, [&]<typename T, PipeConfig Config>(const BackwardParams& launched) {
+    check_workspace<Config>(launched);
+    pipe_backward_kernel<T, Policy<Config>><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
