@@ -6,21 +6,27 @@ Prints GB/s of every implementation and its ratio to torch.add measured in the s
 writes a CSV (and a PNG when matplotlib is installed). Bytes counted are the fewest each call must
 move: forward reads inputs and coeffs and writes outputs (3 tensors); backward reads d_outputs,
 coeffs and outputs and writes d_inputs and d_coeffs (5 tensors). torch.add moves 3 tensors; its
-GB/s is the ceiling the ratio is taken against. A second table times the compiled kernels on the
-layouts models use (time in the middle dim, broadcast coefficients), with the same byte counts. A third
-times the public API as training code calls it, with autograd: forward and backward, forward-mode AD
-(torch.func.jvp) and a gradient penalty (double backward), each in units of one torch.add on the same
-operands ("adds": the time of the whole step over add's).
+GB/s is the ceiling the ratio is taken against. A second table calls the public API with autograd, as
+models do, on the layouts they use (time in the middle dim, packed sequences with cu_seqlens, broadcast
+coefficients, complex): the forward on leaves that require grad (it records the graph) and the
+backward alone (torch.autograd.grad of one recorded forward), with the same byte counts, against
+torch.add of two inputs-sized tensors; the peak memory one forward and backward allocate beyond the
+operands, in inputs-sized tensors (CUDA only); and for packed sequences the time of the same call
+without cu_seqlens over the packed call's ("vs unpacked"). A third times the derivative paths of
+the public API: forward and backward, forward-mode AD (torch.func.jvp) and a gradient penalty (double
+backward), each in units of one torch.add on the same operands ("adds": the time of the whole step
+over add's).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 
@@ -41,41 +47,140 @@ def gpu_shapes(device: torch.device) -> list[tuple[int, int]]:
     return [(sequences, length) for length in lengths] + [(1 << 20, 16), (1 << 18, 64)] + few_long
 
 
-def layout_cases(device: torch.device) -> list[tuple[tuple[int, ...], int, tuple[int, ...] | None]]:
-    """(inputs shape, time dim, coeffs shape or None for inputs' shape) of the model-layout table."""
+class LayoutCase(NamedTuple):
+    """One row of the model-layout table."""
+
+    name: str
+    shape: tuple[int, ...]  # inputs
+    dim: int  # time
+    coeffs: tuple[int, ...] | None = None  # None: inputs' shape; () a 0-dim scalar
+    sequences: int | None = None  # packed: this many sequences of random unequal lengths along dim (cu_seqlens)
+    empty: bool = False  # packed: one of the sequences is empty
+    initial: bool = False  # pass an initial state (requires grad too)
+    dtype: torch.dtype | None = None  # run once in this dtype, whatever --dtypes says
+
+
+def layout_cases(device: torch.device) -> list[LayoutCase]:
+    """The model-layout table's cases: time in the middle dim, packed sequences, broadcast coefficients."""
     if device.type != "cuda":
-        return [((4, 4096, 256), 1, None), ((256, 4096), -1, (256, 1))]
+        return [
+            LayoutCase("btc", (4, 4096, 256), 1),
+            LayoutCase("packed-16", (1, 4096, 256), 1, sequences=16),
+            LayoutCase("coeffs-per-channel", (4, 4096, 256), 1, (256,)),
+            LayoutCase("time-last", (256, 4096), -1),
+            LayoutCase("complex", (4, 1024, 64), 1, dtype=torch.complex64),
+        ]
     sequences = 100 * torch.cuda.get_device_properties(device).multi_processor_count
+    btc = (16, 2048, 1024)  # (batch, time, channels)
     return [
-        ((8, 4096, 4096), 1, None),  # (batch, time, channels)
-        ((1, 1 << 20, 64), 1, None),  # few channels, long time
-        ((8, 4096, 4096), 1, (8, 4096, 1)),  # one coefficient per (batch, time), shared by channels
-        ((sequences, 4096), -1, (sequences, 1)),  # one time-invariant coefficient per row
+        LayoutCase("btc", btc, 1),
+        LayoutCase("btc-long", (4, 16384, 256), 1),
+        LayoutCase("btc-large", (2, 65536, 1024), 1),  # 2^27 elements: the largest case
+        LayoutCase("few-channels", (1, 1 << 20, 64), 1),
+        *(LayoutCase(f"packed-{n}", (1, 65536, 1024), 1, sequences=n, empty=n == 4096) for n in (1, 16, 256, 4096)),
+        LayoutCase("packed-last-64", (1, 1024, 65536), -1, sequences=64),
+        LayoutCase("coeffs-per-channel", btc, 1, (1024,)),  # time-invariant filters
+        LayoutCase("coeffs-shared", btc, 1, (16, 2048, 1)),  # one per (batch, time), shared by channels
+        LayoutCase("coeffs-scalar", btc, 1, ()),
+        LayoutCase("complex", (32, 1024, 256), 1, dtype=torch.complex64),
+        LayoutCase("few-long", (1, 1 << 24), -1),  # fewer sequences than SMs
+        LayoutCase("few-long", (64, 1 << 18), -1),
+        LayoutCase("many-rows", (sequences, 4096), -1),
     ]
 
 
-def measure_layouts(device: torch.device, dtypes: Iterable[torch.dtype], progress) -> list[dict]:
+def packed_offsets(length: int, sequences: int, empty: bool = False, seed: int = 0) -> torch.Tensor:
+    """int32 cu_seqlens of ``sequences`` sequences of random unequal lengths that fill ``length``, the same
+    on every run; with ``empty``, one of them is empty."""
+    if not 1 + empty <= sequences <= length + empty:
+        raise ValueError(f"cannot pack {sequences} sequences{' (one empty)' if empty else ''} into {length}")
+    generator = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(length - 1, generator=generator)[: sequences - 1 - empty] + 1
+    if empty:
+        cuts = torch.cat([cuts, cuts[:1]])  # a repeated offset: an empty sequence
+    return torch.cat([torch.zeros(1, dtype=cuts.dtype), cuts.sort().values, torch.tensor([length])]).to(torch.int32)
+
+
+def measure_layouts(device: torch.device, dtypes: Iterable[torch.dtype], progress,
+                    cases: list[LayoutCase] | None = None) -> list[dict]:
+    """The public API with autograd on each layout: every real dtype of ``dtypes`` runs the cases without
+    a dtype of their own (complex dtypes skip them), the others run once in theirs."""
     time_ms = timer(device)
+    cases = layout_cases(device) if cases is None else cases
+    real = [dtype for dtype in dtypes if dtype.is_floating_point]
+    runs = [(dtype, case) for dtype in real for case in cases if case.dtype is None]
+    runs += [(case.dtype, case) for case in cases if case.dtype is not None]
     rows = []
-    for dtype, (shape, dim, coeffs_shape) in progress([(d, case) for d in dtypes for case in layout_cases(device)]):
-        inputs = torch.randn(shape, device=device, dtype=dtype)
-        coeffs = torch.rand(coeffs_shape or shape, device=device, dtype=dtype)
-        d_outputs = torch.randn_like(inputs)
-        tensor_gb = inputs.numel() * inputs.element_size() / 1e9
-        full_coeffs = torch.rand_like(inputs)
-        add_gbps = 3 * tensor_gb / (time_ms(lambda: torch.add(inputs, full_coeffs)) / 1e3)
-        outputs = torch.ops.linrec.forward(inputs, coeffs, dim)
-        calls = {
-            "fwd": (3, lambda: torch.ops.linrec.forward(inputs, coeffs, dim)),
-            "bwd": (5, lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim)),
-        }
-        for direction, (tensors, fn) in calls.items():
-            ms = time_ms(fn)
-            gbps = tensors * tensor_gb / (ms / 1e3)
-            rows.append(dict(device=device.type, dtype=str(dtype).removeprefix("torch."), shape="x".join(map(str, shape)),
-                             dim=dim, coeffs="x".join(map(str, coeffs_shape or shape)), direction=direction, ms=ms,
-                             gbps=gbps, ratio=gbps / add_gbps))
+    for dtype, case in progress(runs):
+        rows.append(measure_layout(device, dtype, case, time_ms))
+        gc.collect()  # the case's tensors and graphs are gone before the next one allocates its own
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
+
+
+def measure_layout(device: torch.device, dtype: torch.dtype, case: LayoutCase, time_ms) -> dict:
+    """fwd: linrec.linrec on leaves that require grad (it records the graph), 3 tensors; bwd:
+    torch.autograd.grad of one recorded forward, 5 tensors; both against torch.add of two inputs-sized
+    tensors. peak: the memory one forward and backward allocate beyond the operands, in inputs-sized
+    tensors (CUDA only). Packed cases also time the same call without cu_seqlens."""
+    dim = case.dim % len(case.shape)
+    inputs = torch.randn(case.shape, device=device, dtype=dtype).requires_grad_()
+    coeffs = torch.rand(case.shape if case.coeffs is None else case.coeffs, device=device, dtype=dtype)
+    if dtype.is_complex:
+        coeffs *= 0.7  # |c| < 1, as for real coefficients in [0, 1)
+    coeffs.requires_grad_()
+    cu_seqlens = None if case.sequences is None else packed_offsets(case.shape[dim], case.sequences, case.empty).to(device)
+    initial = None
+    if case.initial:
+        initial_shape = [size for axis, size in enumerate(case.shape) if axis != dim]
+        if cu_seqlens is not None:
+            initial_shape[0] = case.sequences
+        initial = torch.randn(initial_shape, device=device, dtype=dtype).requires_grad_()
+    leaves = (inputs, coeffs) if initial is None else (inputs, coeffs, initial)
+    d_outputs = torch.randn_like(inputs)
+    tensor_bytes = inputs.numel() * inputs.element_size()
+    add_ms = time_ms(lambda: torch.add(inputs.detach(), d_outputs))
+
+    def call(packed: bool = True) -> torch.Tensor:
+        if packed or cu_seqlens is None:
+            return linrec.linrec(inputs, coeffs, case.dim, initial=initial, cu_seqlens=cu_seqlens)
+        # one sequence: the batch's initial state
+        return linrec.linrec(inputs, coeffs, case.dim, initial=None if initial is None else initial[:1])
+
+    def forward_backward_ms(packed: bool = True) -> tuple[float, float]:
+        forward_ms = time_ms(lambda: call(packed))
+        outputs = call(packed)
+        backward_ms = time_ms(lambda: torch.autograd.grad(outputs, leaves, d_outputs, retain_graph=True))
+        return forward_ms, backward_ms
+
+    fwd_ms, bwd_ms = forward_backward_ms()
+    vs_unpacked_fwd = vs_unpacked_bwd = None
+    if cu_seqlens is not None:
+        unpacked_fwd_ms, unpacked_bwd_ms = forward_backward_ms(packed=False)
+        vs_unpacked_fwd, vs_unpacked_bwd = unpacked_fwd_ms / fwd_ms, unpacked_bwd_ms / bwd_ms
+    peak = None  # CPU allocations cannot be measured reliably
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        gradients = torch.autograd.grad(call(), leaves, d_outputs)
+        torch.cuda.synchronize(device)
+        peak = (torch.cuda.max_memory_allocated(device) - before) / tensor_bytes
+        del gradients
+    tensor_gb = tensor_bytes / 1e9
+    add_gbps = 3 * tensor_gb / (add_ms / 1e3)
+    fwd_gbps, bwd_gbps = 3 * tensor_gb / (fwd_ms / 1e3), 5 * tensor_gb / (bwd_ms / 1e3)
+    return dict(device=device.type, dtype=str(dtype).removeprefix("torch."), case=case.name, shape=_shape_text(case.shape),
+                dim=case.dim, coeffs=_shape_text(case.shape if case.coeffs is None else case.coeffs),
+                sequences=case.sequences, initial=case.initial, add_ms=add_ms, fwd_ms=fwd_ms, fwd_gbps=fwd_gbps,
+                fwd_ratio=fwd_gbps / add_gbps, bwd_ms=bwd_ms, bwd_gbps=bwd_gbps, bwd_ratio=bwd_gbps / add_gbps, peak=peak,
+                vs_unpacked_fwd=vs_unpacked_fwd, vs_unpacked_bwd=vs_unpacked_bwd)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) if shape else "scalar"
 
 
 def derivative_cases(device: torch.device) -> list[tuple[tuple[int, ...], int]]:
@@ -193,7 +298,12 @@ def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progres
 
 #: Printed columns: (CSV key, header, format spec).
 TABLE_COLUMNS = [("dtype", "dtype", ">8"), ("sequences", "seqs", ">8"), ("length", "len", ">6"), ("impl", "impl", ">10")]
-LAYOUT_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "shape", ">14"), ("dim", "dim", ">3"), ("coeffs", "coeffs", ">14")]
+LAYOUT_COLUMNS = [("dtype", "dtype", ">9"), ("case", "case", ">18"), ("shape", "shape", ">14"), ("dim", "dim", ">3"),
+                  ("coeffs", "coeffs", ">14"), ("fwd_ratio", "fwd x add", ">9.2f"), ("bwd_ratio", "bwd x add", ">9.2f"),
+                  ("peak", "peak", ">5.1f"), ("vs_unpacked_fwd", "fwd vs unpacked", ">15.2f"),
+                  ("vs_unpacked_bwd", "bwd vs unpacked", ">15.2f")]
+LAYOUT_TITLE = ("model layouts through the public API with autograd "
+                "(ratio to torch.add; peak memory of fwd+bwd in inputs-sized tensors)")
 DERIVATIVE_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "shape", ">14"), ("dim", "dim", ">3"), ("path", "path", ">8"),
                       ("ms", "ms", ">9.4f"), ("adds", "adds", ">6.1f")]
 TIMING_COLUMNS = [("direction", "dir", ">3"), ("ms", "ms", ">9.4f"), ("gbps", "GB/s", ">8.1f"), ("ratio", "x add", ">6.2f")]
@@ -205,7 +315,8 @@ def print_table(rows: list[dict], columns=TABLE_COLUMNS, timing_columns=TIMING_C
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(" ".join(f"{row[key]:{spec}}" for key, _, spec in columns))
+        # None: not measured or not applicable, left blank
+        print(" ".join(f"{'':{spec.split('.')[0]}}" if row[key] is None else f"{row[key]:{spec}}" for key, _, spec in columns))
 
 
 def write_outputs(rows: list[dict], out_dir: Path, device: torch.device) -> None:
@@ -263,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     write_outputs(rows, args.out, device)
     layout_rows = measure_layouts(device, dtypes, progress)
     print()
-    print_table(layout_rows, LAYOUT_COLUMNS)
+    print(LAYOUT_TITLE)
+    print_table(layout_rows, LAYOUT_COLUMNS, [])
     write_csv(layout_rows, args.out / f"linrec-bench-layouts-{device.type}.csv")
     derivative_rows = measure_derivatives(device, dtypes, progress)
     print()
