@@ -14,6 +14,7 @@ from functools import cache
 import torch
 
 from . import _ops
+from ._autograd import apply_forward, direct
 from ._checks import check_arguments, check_bool, check_cu_seqlens_values
 from ._ops import HAS_CUDA_KERNELS
 from ._runtime import build_info, cuda_driver_version, cuda_problem
@@ -114,6 +115,22 @@ def linrec(
         >>> torch.allclose(linrec(x, c, dim=1, initial=h)[:, 0], c * h + x[:, 0])
         True
     """
+    if (backend == "auto" and cu_seqlens is None and type(dim) is int and type(reverse) is bool
+            and type(log_coeffs) is bool and direct((inputs, coeffs, initial))):
+        # The common eager call leaves the tensor checks to the op, which checks the same conditions. The API's
+        # checks run when the call fails, so that a bad argument raises the API's exception and message (the
+        # same on every torch version) rather than the op's.
+        try:
+            if not inputs.is_cpu:
+                _check_kernel_device(inputs)
+            return apply_forward(inputs, coeffs, dim, reverse, initial, None, log_coeffs)
+        except Exception:
+            try:
+                check_arguments("linrec", inputs, coeffs, dim, initial, None, log_coeffs)
+                _check_kernel_device(inputs)
+            except (TypeError, ValueError, IndexError, RuntimeError) as error:
+                raise error from None
+            raise
     dim = check_arguments("linrec", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
     check_bool("linrec", "reverse", reverse)
     if cu_seqlens is not None and not torch.compiler.is_compiling():
