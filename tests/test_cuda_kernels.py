@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DTYPES, assert_matches, random_coeffs, random_operands, random_values, wide
+from helpers import DTYPES, TOLERANCE, assert_matches, random_coeffs, random_operands, random_values, wide
 
 import linrec
 from linrec.tune import CHAINED_TILE_SHAPE, TILE_SHAPES
@@ -45,11 +45,11 @@ def tile_length(config, dtype):
     return threads * vectors * 16 // vector_bytes
 
 
-def strided_tile_length(dtype):
-    """Time steps of a strided tile: kStridedTileShape, 8 warps x 4 accumulator vectors a thread. The
-    16-bit types scan two neighbouring channels a thread (8-byte accumulators) wherever the layout allows
-    it, as every even channel count of contiguous tensors does."""
-    return 8 * 4 * 16 // (8 if accumulator_size(dtype) > torch.empty((), dtype=dtype).element_size() else accumulator_size(dtype))
+def strided_tile_length(dtype, paired=False):
+    """Time steps of a strided tile: kStridedTileShape, 8 warps x 4 accumulator vectors a thread. 16-bit
+    types piped along time scan two neighbouring channels a thread (8-byte accumulators) where the layout
+    allows it (paired): an even channel count with channels contiguous in every operand."""
+    return 8 * 4 * 16 // (8 if paired else accumulator_size(dtype))
 
 
 def poison_free_memory(numel, dtype):
@@ -135,24 +135,67 @@ def test_strided_time_dim_at_size(seed, shape, dim, reverse):
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_strided_time_channel_pairs(seed, dtype, reverse):
-    """16-bit types along strided time, two neighbouring channels a thread: even channel counts chained
-    and piped, per-channel log coefficients (broadcast along batch and time), and the layouts that keep
-    one channel a thread (an odd channel count, a start one element past alignment, channels with
-    stride 2)."""
-    tile = strided_tile_length(dtype)
-    for length in (1, tile - 1, tile, tile + 1, 2 * tile + 8, 33 * tile + 1):
-        inputs, coeffs = random_operands((2, length, 40), dtype, "cuda")
+    """16-bit types piped along strided time, two neighbouring channels a thread: lengths around the
+    paired tile, per-channel log coefficients (broadcast along batch and time, their gradient summed in
+    the kernel in pairs), and the layouts that keep one channel a thread (an odd channel count, a start
+    one element past alignment, channels with stride 2)."""
+    tile = strided_tile_length(dtype, paired=True)
+    channels = 17000  # 532 groups of 32: enough to pipe, and 266 of pairs
+    for length in (1, tile - 1, tile, tile + 1, 2 * tile + 8, 5 * tile + 1):
+        inputs, coeffs = random_operands((1, length, channels), dtype, "cuda")
         check_with_features(inputs, coeffs, 1, reverse)
-    inputs, coeffs = random_operands((2, tile + 3, 9000), dtype, "cuda")  # enough pairs to pipe
-    check_with_features(inputs, coeffs, 1, reverse)
-    inputs = random_values((3, 2 * tile + 5, 64), dtype, "cuda")
-    coeffs = (random_coeffs((64,), dtype, "cuda") * 0.9).abs().log()
+    inputs = random_values((1, 2 * tile + 5, channels), dtype, "cuda")
+    coeffs = (random_coeffs((channels,), dtype, "cuda") * 0.9).abs().log()
     check_with_features(inputs, coeffs, 1, reverse, log_coeffs=True)
-    odd = random_operands((2, 2 * tile + 1, 41), dtype, "cuda")
-    misaligned = [misaligned_copy(t) for t in random_operands((2, 2 * tile + 1, 40), dtype, "cuda")]
-    every_other = [t[..., ::2] for t in random_operands((2, 2 * tile + 1, 80), dtype, "cuda")]
+    odd = random_operands((1, 2 * tile + 1, channels + 1), dtype, "cuda")
+    misaligned = [misaligned_copy(t) for t in random_operands((1, 2 * tile + 1, channels), dtype, "cuda")]
+    every_other = [t[..., ::2] for t in random_operands((1, 2 * tile + 1, 2 * channels), dtype, "cuda")]
     for inputs, coeffs in (odd, misaligned, every_other):
         check_with_features(inputs, coeffs, 1, reverse)
+
+
+# (inputs shape, dim, coeffs shape): each way the backward kernels sum a broadcast coefficient's
+# gradient. Along time within a thread, then across a sequence's lanes (time-contiguous segments) or
+# warps (strided time), then across a warp's sequences where they share the coefficient; or, with
+# coefficients that vary along time, a warp's sum per step, or an addition per element.
+SUMMED_BROADCASTS = [
+    ((16, 300, 1024), 1, (1024,)),  # per channel, strided pipes (16-bit: channel pairs)
+    ((16, 300, 1024), 1, ()),  # a scalar: every lane of every warp shares it
+    ((16, 300, 1024), 1, (16, 300, 1)),  # per (batch, time), shared by a warp's channels
+    ((2, 5000, 64), 1, (64,)),  # per channel, chained along time
+    ((2, 5000, 64), 1, (2, 5000, 1)),  # per (batch, time), chained
+    ((2, 5000, 48), 1, (2, 5000, 1)),  # a warp across two batch rows: added per element
+    ((600, 64, 300), -1, (64, 1)),  # per channel, time last: 64-thread segments (two warps)
+    ((5, 2000, 37), 1, (2000, 1)),  # per time step, shared across batch and channels
+    ((3, 70001), -1, (3, 1)),  # one per row of few long rows (a lane per row)
+    ((4, 8, 2000), -1, (4, 1, 2000)),  # per (batch, time), time last: added per element
+]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64], ids=str)
+@pytest.mark.parametrize("shape, dim, coeffs_shape", SUMMED_BROADCASTS, ids=str)
+def test_broadcast_coeff_gradient_summed_in_kernel(seed, shape, dim, coeffs_shape, dtype, reverse):
+    """The gradient of broadcast coefficients, in coeffs' shape from the kernels, against the CPU
+    kernels' per-element gradient summed in float64; the error measured against the sum of the terms'
+    magnitudes (the sum itself cancels towards 0 under random upstream gradients)."""
+    inputs = random_values(shape, dtype, "cuda")
+    coeffs = random_coeffs(coeffs_shape, dtype, "cuda") * 0.9
+    d_outputs = random_values(shape, dtype, "cuda")
+    outputs = torch.ops.linrec.forward(inputs, coeffs, dim, reverse)
+    poison_free_memory(inputs.numel(), dtype)
+    d_inputs, d_coeffs, _ = torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim, reverse)
+    assert d_coeffs.shape == coeffs.shape and d_coeffs.dtype == dtype
+    expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), dim, reverse)
+    full_coeffs = wide(coeffs).expand(shape)
+    expected_d_inputs, terms, _ = torch.ops.linrec.backward(wide(d_outputs), full_coeffs, expected_outputs, dim, reverse)
+    assert_matches(d_inputs, expected_d_inputs, dtype, "d_inputs")
+    expected = terms.sum_to_size(coeffs.shape)
+    actual = d_coeffs.cpu().to(expected.dtype)
+    assert torch.isfinite(actual).all(), "d_coeffs: non-finite elements"
+    scale = terms.abs().sum_to_size(coeffs.shape).max().clamp_min(1e-30)
+    error = ((actual - expected).abs().max() / scale).item()
+    assert error <= TOLERANCE[dtype], f"d_coeffs: max error / sum |terms| = {error:.3g} > {TOLERANCE[dtype]:.3g}"
 
 
 def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False):

@@ -152,7 +152,7 @@ class _Forward(_SingleLevelFunction):
             d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
         )
         d_initial = d_initial if initial is not None else None
-        return d_inputs, _reduce_to(d_coeffs, coeffs), d_initial, None, None
+        return d_inputs, d_coeffs, d_initial, None, None
 
     @staticmethod
     def jvp(ctx, t_inputs, t_coeffs, t_initial, _t_cu_seqlens, _options):
@@ -168,7 +168,7 @@ class _Forward(_SingleLevelFunction):
 
 class _Backward(_SingleLevelFunction):
     """linrec::backward as (d_outputs, coeffs, outputs, initial, cu_seqlens, options) -> (d_inputs, d_coeffs
-    per element, d_initial), options as ``_Forward``'s."""
+    in coeffs' shape, d_initial), options as ``_Forward``'s."""
 
     @staticmethod
     def forward(ctx, d_outputs, coeffs, outputs, initial, cu_seqlens, options):
@@ -213,8 +213,6 @@ class _Backward(_SingleLevelFunction):
             )[1]
         if log_coeffs and v_coeffs is not None:
             grad_coeffs = _add(grad_coeffs, v_coeffs * d_coeffs)  # dc's own factor c = exp(log c)
-        if grad_coeffs is not None:
-            grad_coeffs = _reduce_to(grad_coeffs, coeffs)
         return grad_d_outputs, grad_coeffs, grad_outputs, grad_initial, None, None
 
     @staticmethod
@@ -233,7 +231,8 @@ class _Backward(_SingleLevelFunction):
         )
         if t_outputs is not None or t_initial is not None:
             t_previous = previous_step(_full(t_outputs, outputs), t_initial, dim, reverse, cu_seqlens)
-            t_d_coeffs = t_d_coeffs + _times_c_in_log_space(d_inputs * t_previous.conj(), coeffs, log_coeffs)
+            t_d_coeffs_outputs = _times_c_in_log_space(d_inputs * t_previous.conj(), coeffs, log_coeffs)
+            t_d_coeffs = t_d_coeffs + _reduce_to(t_d_coeffs_outputs, coeffs)
         if log_coeffs and t_coeffs is not None:
             t_d_coeffs = t_d_coeffs + t_coeffs * d_coeffs
         if initial is None:

@@ -82,7 +82,9 @@ def _backward_fake(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_arguments("linrec.backward", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs, "d_outputs")
     d_initial_shape = initial.shape if initial is not None else (0,)
-    return torch.empty_like(outputs), torch.empty_like(outputs), d_outputs.new_zeros(d_initial_shape)
+    # As the C++ op allocates: d_coeffs in coeffs' shape, laid out like outputs where the shapes agree.
+    d_coeffs = torch.empty_like(outputs) if coeffs.shape == outputs.shape else coeffs.new_empty(coeffs.shape)
+    return torch.empty_like(outputs), d_coeffs, d_outputs.new_zeros(d_initial_shape)
 
 
 # The derivatives (Autograd kernels) and the batching rules, registered on the ops loaded above.

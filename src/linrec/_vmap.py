@@ -42,6 +42,16 @@ def _batched_coeffs(coeffs: torch.Tensor, bdim: int | None, ndim: int, position:
     return coeffs.movedim(0, position)
 
 
+def _coeffs_per_sample(coeffs: torch.Tensor, bdim: int | None, ndim: int, position: int,
+                       batch_size: int) -> torch.Tensor:
+    """coeffs with the vmapped dim at `position` even when they are not vmapped (expanded, stride 0), so that
+    the backward op, which sums d_coeffs over the dims coeffs broadcast along, keeps one sum per sample."""
+    if bdim is not None:
+        return _batched_coeffs(coeffs, bdim, ndim, position)
+    coeffs = coeffs.reshape(*[1] * (ndim - coeffs.dim()), *coeffs.shape)
+    return coeffs.unsqueeze(position).expand(*coeffs.shape[:position], batch_size, *coeffs.shape[position:])
+
+
 def _in_dims(in_dims, count: int) -> tuple:
     # Arguments equal to their schema default may be left out of the call, and of in_dims with them.
     return (*in_dims, *[None] * (count - len(in_dims)))
@@ -70,10 +80,13 @@ def _backward_vmap(info, in_dims, d_outputs, coeffs, outputs, dim=-1, reverse=Fa
     position, time_dim = _placement("linrec.backward", ndim, dim, cu_seqlens, cu_seqlens_bdim)
     size = info.batch_size
     d_inputs, d_coeffs, d_initial = torch.ops.linrec.backward(
-        _batched(d_outputs, d_outputs_bdim, size, position), _batched_coeffs(coeffs, coeffs_bdim, ndim, position),
-        _batched(outputs, outputs_bdim, size, position), time_dim, reverse,
-        _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs, threads_per_sequence,
-        vectors_per_thread,
+        _batched(d_outputs, d_outputs_bdim, size, position),
+        _coeffs_per_sample(coeffs, coeffs_bdim, ndim, position, size), _batched(outputs, outputs_bdim, size, position),
+        time_dim, reverse, _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs,
+        threads_per_sequence, vectors_per_thread,
     )
+    # d_coeffs has the batched coeffs' shape: a sample's is coeffs' own, without the size-1 dims added above.
+    sample_shape = coeffs.shape if coeffs_bdim is None else coeffs.movedim(coeffs_bdim, 0).shape[1:]
+    d_coeffs = d_coeffs.movedim(position, 0).reshape(size, *sample_shape)
     # Without an initial state, d_initial is an empty placeholder, the same for every vmapped call.
-    return (d_inputs, d_coeffs, d_initial), (position, position, position if initial is not None else None)
+    return (d_inputs, d_coeffs, d_initial), (position, 0, position if initial is not None else None)

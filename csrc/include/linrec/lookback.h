@@ -39,7 +39,6 @@ __device__ __forceinline__ void store_release(int* flag, int value) {
 template <typename Acc>
 __device__ __forceinline__ Acc load_published(const Acc* address) {
   if constexpr (is_complex<Acc>::value) return Acc(__ldcg(&address->re), __ldcg(&address->im));
-  else if constexpr (is_channel_pair<Acc>::value) return Acc(__ldcg(&address->first), __ldcg(&address->second));
   else return __ldcg(address);
 }
 
@@ -94,8 +93,8 @@ struct ChainLayout {
 // before it; a sequence is done once its composed map is constant, at the latest at its first chunk.
 // One sequence a block (time-contiguous rows) looks back with its first warp, 32 chunks a step: the
 // chunk before is rarely further, and the whole block's registers and barriers measured slower
-// (float32 forward 0.65 -> 0.52 of torch.add on 1 x 2^24). Strided time looks back with the whole
-// block, 32 chunks of each of 32 channels a step.
+// (docs/design.md, Chained look-back). Strided time looks back with the whole block, 32 chunks of
+// each of 32 channels a step.
 template <typename Acc, int Sequences, typename WindowScan, int WindowItems, int LookBackThreads>
 struct ChainedPrefix {
   static constexpr bool kPacked = kPackedStatus<Acc>;

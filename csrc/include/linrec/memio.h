@@ -10,8 +10,9 @@
 //               access instruction of a warp covers 512 contiguous bytes (Vectorized's spread over
 //               a thread's chunk fetch every 32-byte sector twice); shared memory regroups the
 //               vectors into per-thread chunks (and back for stores). For tiles of whole blocks,
-//               which load once and wait (chained rows of 4-byte and wider types: float32 on
-//               1 x 2^24 went from 0.72 / 0.76 of torch.add forward / backward to 0.78 / 0.87).
+//               which load once and wait with no prefetch to hide the doubled sector traffic
+//               behind (chained rows of 4-byte and wider types; figures in docs/design.md, Memory
+//               access).
 //   Strided:    time is not the contiguous dim (channels are): each thread reads and writes its own
 //               chunk element by element through the time stride; the segment's threads sit in
 //               different warps, and a warp's lanes take neighbouring channels, so each access of a
@@ -176,7 +177,8 @@ struct TileIO {
           #pragma unroll
           for (int i = 0; i < kPerVector; ++i) values[i] = static_cast<T>(items[v * kPerVector + i]);
           // The intrinsic keeps the store one 16-byte access: written as an assignment, the compiler
-          // was seen to split a chunk's first vector into 4-byte stores (float32 forward 0.96 -> 0.90).
+          // was seen to split a chunk's first vector into 4-byte stores, which slows the forward
+          // (docs/design.md, Memory access).
           __stwb(reinterpret_cast<uint4*>(row + begin + v * kPerVector), bits);
         }
       } else {

@@ -255,6 +255,17 @@ inline void set_options(SequenceLayout& layout, const Arguments& args, bool reve
   layout.vectors_per_thread = static_cast<int>(vectors_per_thread);
 }
 
+// `gradient` (of inputs' shape) summed over the dims along which `coeffs` broadcast to it, in coeffs' shape.
+inline Tensor sum_to(const Tensor& gradient, const Tensor& coeffs) {
+  const int64_t leading = gradient.dim() - coeffs.dim();
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < gradient.dim(); ++d)
+    if (gradient.size(d) != 1 && (d < leading || coeffs.size(d - leading) == 1)) dims.push_back(d);
+  const Tensor summed = torch::stable::sum(gradient, torch::headeronly::IntHeaderOnlyArrayRef(dims.data(), dims.size()),
+                                           /*keepdim=*/true);
+  return torch::stable::reshape(summed, sizes_of(coeffs));
+}
+
 // Launch(params, like): runs the kernel on the device of `like`.
 template <void (*Launch)(const ForwardParams&, const Tensor&)>
 Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool reverse, const OptionalTensor& initial,
@@ -276,9 +287,22 @@ Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool 
   return outputs;
 }
 
-// Returns (d_inputs, d_coeffs, d_initial). d_coeffs has inputs' shape (the caller sums it to a broadcast
-// coeffs' shape); d_initial has initial's shape, or is empty without an initial state.
-template <void (*Launch)(const BackwardParams&, const Tensor&)>
+// The dtype in which broadcast coefficients' gradients are summed: float32 for the 16-bit types.
+inline torch::headeronly::ScalarType sum_dtype(const Tensor& tensor) {
+  using torch::headeronly::ScalarType;
+  const ScalarType dtype = tensor.scalar_type();
+  return dtype == ScalarType::Half || dtype == ScalarType::BFloat16 ? ScalarType::Float : dtype;
+}
+
+// How a device's backward launcher produces the gradient of broadcast coeffs.
+enum class CoeffGradientSum {
+  InKernel,  // the kernels add each element's gradient into coeffs' shape (BackwardParams::sum_d_coeffs)
+  AfterKernel,  // the kernels write it per element, and the op sums it over the broadcast dims
+};
+
+// Returns (d_inputs, d_coeffs, d_initial). d_coeffs has coeffs' shape (summed over the dims coeffs
+// are broadcast along); d_initial has initial's shape, or is empty without an initial state.
+template <void (*Launch)(const BackwardParams&, const Tensor&), CoeffGradientSum Sum>
 std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Tensor& coeffs, const Tensor& outputs,
                                                int64_t dim, bool reverse, const OptionalTensor& initial,
                                                const OptionalTensor& cu_seqlens, bool log_coeffs,
@@ -289,21 +313,34 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   check_shape(op, "outputs", outputs, args.sizes, "the shape of d_outputs");
   // Laid out like outputs (inputs' layout): d_outputs is often an expanded or otherwise odd gradient.
   Tensor d_inputs = torch::stable::empty_like(outputs);
-  Tensor d_coeffs = torch::stable::empty_like(outputs);
   // Zeros: packed sequences of length 0 have no element to compute their gradient from.
   Tensor d_initial = torch::stable::new_zeros(d_outputs, initial ? args.initial_sizes : std::vector<int64_t>{0});
+  const std::vector<int64_t> coeff_sizes = sizes_of(coeffs);
+  // Broadcast along a dim of size > 1: elements share a coefficient, and its gradient is their sum.
+  const bool broadcast = coeffs.numel() < d_outputs.numel();
+  const bool in_kernel = broadcast && Sum == CoeffGradientSum::InKernel;
+  // Per element: laid out like outputs (coeffs of another shape with as many elements, such as
+  // coeffs without inputs' leading dims of size 1, take their own dense layout). Summed in the
+  // kernel: a zeroed buffer of the sum's dtype in coeffs' shape.
+  Tensor d_coeffs = in_kernel                  ? torch::stable::new_zeros(coeffs, coeff_sizes, sum_dtype(coeffs))
+                    : broadcast                ? torch::stable::empty_like(outputs)
+                    : coeff_sizes == args.sizes ? torch::stable::empty_like(outputs)
+                                                : torch::stable::new_empty(coeffs, coeff_sizes);
 
   BackwardParams params;
   set_options(params, args, reverse, cu_seqlens, log_coeffs, op, threads_per_sequence, vectors_per_thread);
+  params.sum_d_coeffs = in_kernel;
   bind_operands(op, args, cu_seqlens.has_value(), params,
                 {{&d_inputs, Role::Full, &params.d_inputs},
-                 {&d_coeffs, Role::Full, &params.d_coeffs},
+                 {&d_coeffs, broadcast && !in_kernel ? Role::Full : Role::Broadcast, &params.d_coeffs},
                  {&d_outputs, Role::Full, &params.d_outputs},
                  {&outputs, Role::Full, &params.outputs},
                  {&coeffs, Role::Broadcast, &params.coeffs},
                  {initial ? &*initial : nullptr, Role::State, &params.initial},
                  {initial ? &d_initial : nullptr, Role::State, &params.d_initial}});
   if (params.numel() > 0) Launch(params, d_outputs);
+  if (broadcast && !in_kernel) d_coeffs = sum_to(d_coeffs, coeffs);
+  if (in_kernel && d_coeffs.scalar_type() != coeffs.scalar_type()) d_coeffs = torch::stable::to(d_coeffs, coeffs.scalar_type());
   return {d_inputs, d_coeffs, d_initial};
 }
 

@@ -134,10 +134,14 @@ struct ForwardParams : SequenceLayout {
 //   d_coeffs[l] = d_inputs[l] * conj(outputs[l-1])     (outputs[first-1] = initial, or 0)
 //   d_initial   = conj(coeffs[first]) * d_inputs[first]
 // With log_coeffs, d_coeffs is with respect to log c: the above times c[l].
+// Where coeffs are broadcast (sum_d_coeffs), d_coeffs has coeffs' shape: its operand has coeffs' strides
+// (0 along the broadcast dims, time included), its data is a zeroed buffer of the accumulator type
+// (float for the 16-bit types), and the kernels add each element's d_coeffs[l] into it.
 struct BackwardParams : SequenceLayout {
   Operand d_outputs, coeffs, outputs, initial;
   Operand d_inputs, d_coeffs;
   Operand d_initial;  // data == nullptr when there is no initial state
+  bool sum_d_coeffs = false;
 };
 
 }  // namespace linrec

@@ -16,8 +16,7 @@ namespace {
 
 // Sequences scanned in lockstep by one thread: independent dependency chains in flight. 4 rather
 // than 8: the backward reads and writes 5 rows per sequence, and 8 lanes (40 streams) ran slower
-// than 4 here, likely past what the hardware prefetchers track (float32 backward 0.30 -> 0.57 of
-// torch.add on 16 x 65536).
+// than 4, likely past what the hardware prefetchers track (docs/design.md, CPU kernel).
 constexpr int kLanes = 4;
 
 // Calls scan.template operator()<Lanes>(rows, segment) for groups of kLanes consecutive batch rows of
@@ -69,5 +68,5 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
 STABLE_TORCH_LIBRARY_IMPL(linrec, CPU, m) {
   using namespace linrec;
   m.impl("forward", TORCH_BOX(&forward_op<launch_forward_cpu>));
-  m.impl("backward", TORCH_BOX(&backward_op<launch_backward_cpu>));
+  m.impl("backward", TORCH_BOX((&backward_op<launch_backward_cpu, CoeffGradientSum::AfterKernel>)));
 }

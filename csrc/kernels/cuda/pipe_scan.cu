@@ -17,6 +17,7 @@
 
 #include "families.h"
 #include "linrec/block_scan.h"
+#include "linrec/coeff_gradient_sum.h"
 #include "linrec/cuda_launch.h"
 #include "linrec/dispatch.h"
 #include "linrec/lookback.h"
@@ -57,7 +58,8 @@ namespace {
 
 // (threads per sequence, 16-byte vectors per thread), smallest tile first. Up to 32 threads a sequence
 // is one warp or less, several sequences packed into a block; 64 threads, a block per sequence. Larger
-// tiles measured no faster on an H100 (python -m linrec.tune, docs/benchmarks.md).
+// tiles are not compiled: the tuning sweep (python -m linrec.tune) finds none faster than 64 x 2
+// (docs/design.md, Kernel configurations).
 constexpr std::array<std::array<int, 2>, 7> kTileShapes{{{2, 1}, {4, 1}, {8, 1}, {16, 1}, {32, 1}, {32, 2}, {64, 2}}};
 
 // Operands broadcast along time (one coefficient per row, or an expanded gradient) are rare enough
@@ -65,11 +67,8 @@ constexpr std::array<std::array<int, 2>, 7> kTileShapes{{{2, 1}, {4, 1}, {8, 1},
 constexpr std::array<int, 2> kBroadcastTileShape = kTileShapes.back();
 
 // A chained chunk is one tile of a whole block: many items a thread, so that the look-back's latency
-// is paid for many elements (16 float32 items a thread: 0.39 -> 0.48 of torch.add forward on 1 x 2^24
-// over 8), in blocks of 4 warps, 6 to an SM, so that more blocks load while others look back (over 8
-// warps, 3 to an SM: bfloat16 0.54 / 0.56 -> 0.56 / 0.60 forward / backward on 1 x 2^24, 0.63 / 0.59
-// -> 0.68 / 0.67 on 256 x 65536; float32 forward within 0.02 either way, backward 0 to 0.03 faster;
-// docs/benchmarks.md).
+// is paid for many elements, in blocks of 4 warps, 6 to an SM rather than 8 warps, 3 to an SM, so that
+// more blocks load while others look back (figures in docs/design.md, Chained look-back).
 constexpr std::array<int, 2> kChainedTileShape{128, 4};
 
 // Strided time: 8 warps x 32 channels per block, 4 accumulator vectors (16 float32 items) per thread.
@@ -91,27 +90,28 @@ constexpr auto kPipeConfigs = [] {
 }();
 
 // Chained aligned rows move their tiles Coalesced for 4-byte and wider types, Vectorized for 16-bit
-// ones: on an H100, 1 x 2^24 float32 forward / backward 0.72 / 0.76 -> 0.78 / 0.87 of torch.add
-// Coalesced, bfloat16 0.56 / 0.60 -> 0.50 / 0.52 (docs/benchmarks.md). Our reading, not measured
-// directly: a bfloat16 tile (16 items a thread, held as floats) is half the bytes of a float32 one,
-// so the shared-memory round trip and its barriers weigh twice as much per byte moved.
+// ones: a chained block loads its tile once and then waits, so fetching each sector once pays for the
+// shared-memory regrouping in float32, but not in bfloat16, where Coalesced measured slower
+// (docs/design.md, Memory access). Our reading, not measured directly: a bfloat16 tile (16 items a
+// thread, held as floats) is half the bytes of a float32 one, so the shared-memory round trip and its
+// barriers weigh twice as much per byte moved.
 template <typename T>
 constexpr Access kChainedAlignedAccess = sizeof(T) >= sizeof(float) ? Access::Coalesced : Access::Vectorized;
 
 // Whether the kernels of `config` are compiled for T: all configs but the chained aligned access of
-// the other types; for channel pairs, the strided ones.
+// the other types; for channel pairs, the strided pipe.
 template <typename T>
 constexpr bool compiled_for(const PipeConfig& config) {
-  if (is_channel_pair<T>::value) return config.access == Access::Strided;
+  if (is_channel_pair<T>::value) return config.access == Access::Strided && config.schedule == Schedule::Pipe;
   const bool chained_aligned = config.schedule == Schedule::Chained &&
                                (config.access == Access::Vectorized || config.access == Access::Coalesced);
   return !chained_aligned || config.access == kChainedAlignedAccess<T>;
 }
 
 // Below these counts of sequences (time-contiguous) or 32-channel groups (strided) per SM, the
-// GPU is not kept busy by one segment per sequence, and sequences are chained across blocks. On an
-// H100 (132 SMs), float32: 256 x 65536 pipes at 0.64 of torch.add forward, chains at 0.82; 1024 x
-// 16384 pipes at 0.92, chains at 0.79.
+// GPU is not kept busy by one segment per sequence, and sequences are chained across blocks; above
+// them the pipes, which carry the output from tile to tile and need no look-back, are the faster
+// (figures around the threshold in docs/design.md, Chained look-back).
 constexpr int kPipeRowsPerMultiprocessor = 4;
 constexpr int kPipeGroupsPerMultiprocessor = 2;
 
@@ -132,18 +132,13 @@ __host__ __device__ constexpr int block_threads(const PipeConfig& config) {
 
 // Threads of tile-holding forward blocks compiled to fit on an SM at once (registers capped at 85):
 // chained and strided blocks hold a whole tile while they wait on memory or the look-back, and need
-// other blocks' loads in flight meanwhile. Not for 8- and 16-byte accumulators, whose tiles then spill
-// hundreds of bytes.
+// other blocks' loads in flight meanwhile. Not for 8- and 16-byte accumulators, whose tiles do not fit
+// in that many registers and would spill (docs/design.md, Kernel configurations).
 constexpr int kTileHoldingThreadsPerMultiprocessor = 768;
 
-// Channel pairs hold twice the look-back state of a float32 lane: capped at 85 registers their chained
-// forward spilled 220 bytes; 2 blocks of 256 threads an SM leave them 128.
-constexpr int kPairTileThreadsPerMultiprocessor = 512;
-
-// Coalesced blocks also move the tile through shared memory: capped at 85 registers they spilled 28
-// bytes; at 102 (5 blocks of 128 threads an SM) none, and float32 forward on 1 x 2^24, 8 x 2^21,
-// 64 x 2^18 and 256 x 65536 went 0.78 / 0.77 / 0.83 / 0.88 -> 0.78 / 0.78 / 0.86 / 0.91 of
-// torch.add on an H100 (4 blocks: 0.71 / 0.74 / 0.83 / 0.88).
+// Coalesced blocks also move the tile through shared memory and spill at 85 registers; at 102 (5
+// blocks of 128 threads an SM) they do not, and 5 blocks an SM measured faster than both 6, which
+// spill, and 4 (docs/design.md, Memory access).
 constexpr int kCoalescedTileThreadsPerMultiprocessor = 640;
 
 template <typename T>
@@ -151,10 +146,8 @@ __host__ __device__ constexpr int min_blocks_forward(const PipeConfig& config) {
   const bool holds_tile = config.access == Access::Strided || config.schedule == Schedule::Chained;
   using Acc = accumulator_t<T>;
   if (!holds_tile || !(std::is_same_v<Acc, float> || std::is_same_v<Acc, ChannelPair<float>>)) return 1;
-  const bool chained_pairs = is_channel_pair<Acc>::value && config.schedule == Schedule::Chained;
-  const int threads = chained_pairs                         ? kPairTileThreadsPerMultiprocessor
-                      : config.access == Access::Coalesced ? kCoalescedTileThreadsPerMultiprocessor
-                                                           : kTileHoldingThreadsPerMultiprocessor;
+  const int threads = config.access == Access::Coalesced ? kCoalescedTileThreadsPerMultiprocessor
+                                                         : kTileHoldingThreadsPerMultiprocessor;
   return threads / block_threads(config);
 }
 
@@ -203,11 +196,9 @@ struct PipeThread {
   static constexpr int kSequencesPerBlock = sequences_per_block(Config);
   // Whether the pipe loop issues the next tile's loads before scanning the current tile, so that
   // their latency overlaps the scan. It holds a second tile in registers: worth it for 32- and 64-bit
-  // types (float32 backward 0.93 -> 0.95 of torch.add on an H100), not for 16-bit ones, whose 16 items
-  // a thread in float registers then cost occupancy (bfloat16 backward 0.94 -> 0.74); nor where a
-  // thread's loads are element by element (Strided: prefetching there took 8 x 4096 x 4096 along dim 1
-  // from 0.92 / 0.92 to 0.83 / 0.93 in float32, 0.71 / 0.56 to 0.58 / 0.36 in bfloat16) or a block
-  // scans one tile.
+  // types, not for 16-bit ones, whose 16 items a thread in float registers then cost occupancy; nor
+  // where a thread's loads are element by element (Strided, where it measured slower) or a block scans
+  // one tile (figures in docs/design.md, Kernel configurations).
   static constexpr bool kPrefetch = sizeof(T) >= sizeof(float) && !kStrided && !kChained;
   // A sequence's threads: a run of lanes of one or more warps (time-contiguous rows), or one lane in
   // each of threads_per_sequence warps (strided time).
@@ -251,11 +242,20 @@ struct PipeThread {
         num_groups((layout.num_rows() + kSequencesPerBlock - 1) / kSequencesPerBlock),
         chunk(kChained ? blockIdx.x / num_groups : 0),  // chunk-major block order (lookback.h)
         group(kChained ? blockIdx.x % num_groups : blockIdx.x),
-        sequence(group * kSequencesPerBlock + sequence_in_block),
+        sequence(sequence_of(layout)),
         active(sequence < layout.num_rows()),
         length(active ? layout.seq_len : 0),
         batch_row(layout.shape.unravel(active ? sequence : 0)),
         io(storage_.io, rank, sequence_in_block) {}
+
+  // This thread's sequence (past the last one for threads without a sequence), from the block and
+  // thread indices: for uses after the scan loop, which a `sequence` kept live through it would cost
+  // registers.
+  __device__ __forceinline__ static int64_t sequence_of(const SequenceLayout& layout) {
+    const int64_t groups = (layout.num_rows() + kSequencesPerBlock - 1) / kSequencesPerBlock;
+    const int64_t group = kChained ? blockIdx.x % groups : blockIdx.x;
+    return group * kSequencesPerBlock + (kStrided ? threadIdx.x % kWarp : threadIdx.x / Config.threads_per_sequence);
+  }
 
   static ChainLayout<Acc, kSequencesPerBlock> chain_layout(const SequenceLayout& layout) {
     return {(layout.num_rows() + kSequencesPerBlock - 1) / kSequencesPerBlock, (layout.seq_len + kTile - 1) / kTile};
@@ -403,6 +403,13 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   const bool has_initial = params.initial.data != nullptr && thread.active;
   const T* initial = has_initial ? thread.template row<const T>(params.initial) : nullptr;
   T* const d_initial = has_initial ? thread.row(params.d_initial) : nullptr;
+  // Broadcast coefficients: their gradient is summed here, into coeffs' shape.
+  using CoeffSum = CoeffGradientSum<Acc, Thread::kSegmentLanes, Thread::kSegmentWarps, kItems, block_threads(Config)>;
+  const auto coeff_sum_row = [&params] {
+    const int64_t sequence = Thread::sequence_of(params);
+    return params.d_coeffs.template at<Acc>(params.shape.unravel(sequence < params.num_rows() ? sequence : 0));
+  };
+  if (params.sum_d_coeffs) CoeffSum::start(params.d_coeffs);
 
   const int64_t end_step = thread.end_step();
   // A tile needs its three chunks and, from the neighbouring chunks (L1 hits: the neighbour threads
@@ -484,12 +491,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       });
     }
     thread.store(params.d_inputs, d_inputs, step, value);
-    thread.store(params.d_coeffs, d_coeffs, step, prev_output);
+    if (params.sum_d_coeffs) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
+    else thread.store(params.d_coeffs, d_coeffs, step, prev_output);
     if constexpr (Thread::kPrefetch) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) value[i] = next_value[i];
     }
   }
+  if (params.sum_d_coeffs) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
 }
 
 bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -519,7 +528,9 @@ struct OperandSet {
 };
 
 OperandSet operands_of(const ForwardParams& params) { return {{params.inputs, params.coeffs}, {params.outputs}}; }
+// A summed d_coeffs is not among the writes: it is added into, not stored tile by tile.
 OperandSet operands_of(const BackwardParams& params) {
+  if (params.sum_d_coeffs) return {{params.d_outputs, params.coeffs, params.outputs}, {params.d_inputs}};
   return {{params.d_outputs, params.coeffs, params.outputs}, {params.d_inputs, params.d_coeffs}};
 }
 
@@ -607,7 +618,10 @@ bool pair_channels(Params& params) {
 }
 
 // Calls body.template operator()<T, Config>(launched) with the element type, the config and the
-// params of a call: 16-bit types along strided time take channel pairs where the layout allows.
+// params of a call: 16-bit types along strided time take channel pairs where the layout allows and
+// the call pipes. Pairs halve the channel groups, so that fewer blocks fill the GPU, each moving
+// twice the bytes an access; chained, a pair holds twice a float lane's look-back state, which costs
+// more than the wider accesses gain (docs/design.md, Strided time).
 template <typename Params, typename Body>
 void dispatch_call(const Params& params, Body&& body) {
   const int multiprocessors = multiprocessor_count();
@@ -621,10 +635,8 @@ void dispatch_call(const Params& params, Body&& body) {
     const PipeConfig config = choose_config<T>(params, operands_of(params), multiprocessors);
     if constexpr (sizeof(T) == 2) {
       Params paired = params;
-      if (config.access == Access::Strided && pair_channels<T>(paired)) {
-        const PipeConfig paired_config = choose_config<ChannelPair<T>>(paired, operands_of(paired), multiprocessors);
-        if (paired_config.access == Access::Strided) return run.template operator()<ChannelPair<T>>(paired, paired_config);
-      }
+      if (config.access == Access::Strided && config.schedule == Schedule::Pipe && pair_channels<T>(paired))
+        return run.template operator()<ChannelPair<T>>(paired, config);
     }
     run.template operator()<T>(params, config);
   });
