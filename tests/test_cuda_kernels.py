@@ -198,22 +198,34 @@ def test_broadcast_coeff_gradient_summed_in_kernel(seed, shape, dim, coeffs_shap
     assert error <= TOLERANCE[dtype], f"d_coeffs: max error / sum |terms| = {error:.3g} > {TOLERANCE[dtype]:.3g}"
 
 
-def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False):
-    """Forward and backward with an initial state against the CPU kernels in float64."""
+def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False, offsets=None, config=(0, 0),
+                        with_initial=True):
+    """Forward and backward (with an initial state unless with_initial is False; over the packed sequences
+    of `offsets` if given; in a forced tile config if given), on poisoned memory, against the CPU kernels
+    in float64."""
     dtype = inputs.dtype
     state_shape = list(inputs.shape)
     del state_shape[dim]
-    initial = random_values(state_shape, dtype, "cuda")
+    if offsets is not None:
+        state_shape[0] = len(offsets) - 1
+    initial = random_values(state_shape, dtype, "cuda") if with_initial else None
     d_outputs = random_values(inputs.shape, dtype, "cuda")
     options = dict(dim=dim, reverse=reverse, initial=initial, log_coeffs=log_coeffs)
+    if offsets is not None:
+        options["cu_seqlens"] = offsets.cuda()
+    forced = dict(threads_per_sequence=config[0], vectors_per_thread=config[1])
     poison_free_memory(inputs.numel(), dtype)
-    outputs = torch.ops.linrec.forward(inputs, coeffs, **options)
+    outputs = torch.ops.linrec.forward(inputs, coeffs, **options, **forced)
     poison_free_memory(inputs.numel(), dtype)
-    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options)
+    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
     wide_options = dict(options, initial=wide(initial))
+    if offsets is not None:
+        wide_options["cu_seqlens"] = offsets.cpu()
     expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
     expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
-    what = f"{tuple(inputs.shape)} dim={dim} coeffs {tuple(coeffs.shape)}"
+    what = f"{tuple(inputs.shape)} dim={dim} coeffs {tuple(coeffs.shape)} config {config}"
+    if offsets is not None:
+        what += f" {len(offsets) - 1} sequences"
     assert_matches(outputs, expected_outputs, dtype, f"outputs {what}")
     for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
         assert_matches(grad, want, dtype, f"{name} {what}")
@@ -338,25 +350,7 @@ def packed_offsets(length, tile, items, dense_tiles=2):
 
 def check_packed(inputs, coeffs, dim, reverse, offsets, config=(0, 0), with_initial=True, log_coeffs=False):
     """Forward and backward over packed sequences, on poisoned memory, against the CPU kernels in float64."""
-    dtype = inputs.dtype
-    state_shape = list(inputs.shape)
-    del state_shape[dim]
-    state_shape[0] = len(offsets) - 1
-    initial = random_values(state_shape, dtype, "cuda") if with_initial else None
-    d_outputs = random_values(inputs.shape, dtype, "cuda")
-    options = dict(dim=dim, reverse=reverse, initial=initial, cu_seqlens=offsets.cuda(), log_coeffs=log_coeffs)
-    forced = dict(threads_per_sequence=config[0], vectors_per_thread=config[1])
-    poison_free_memory(inputs.numel(), dtype)
-    outputs = torch.ops.linrec.forward(inputs, coeffs, **options, **forced)
-    poison_free_memory(inputs.numel(), dtype)
-    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
-    wide_options = dict(options, initial=wide(initial), cu_seqlens=offsets.cpu())
-    expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
-    expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
-    what = f"{tuple(inputs.shape)} dim={dim} coeffs {tuple(coeffs.shape)} config {config} {len(offsets) - 1} sequences"
-    assert_matches(outputs, expected_outputs, dtype, f"outputs {what}")
-    for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
-        assert_matches(grad, want, dtype, f"{name} {what}")
+    check_with_features(inputs, coeffs, dim, reverse, log_coeffs, offsets, config, with_initial)
 
 
 @pytest.mark.parametrize("reverse", [False, True])

@@ -382,7 +382,8 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
 // d_inputs[l] = conj(coeffs[next]) * d_inputs[next] + d_outputs[l], scanning against the forward
 // op's direction, d_coeffs[l] = d_inputs[l] * conj(outputs[prev]) (outputs[prev] of the first element:
 // initial, or none), times coeffs[l] with log_coeffs, and d_initial = conj(coeffs[first]) * d_inputs[first].
-template <typename T, typename PolicyT>
+// SumsCoeffGradient: d_coeffs is summed into broadcast coeffs' shape (BackwardParams::sum_d_coeffs).
+template <typename T, typename PolicyT, bool SumsCoeffGradient>
 __global__ void __launch_bounds__(block_threads(PolicyT::config))
     pipe_backward_kernel(BackwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
@@ -398,18 +399,18 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   const T* coeffs = thread.template row<const T>(params.coeffs);
   const T* outputs = thread.template row<const T>(params.outputs);
   T* d_inputs = thread.row(params.d_inputs);
-  T* d_coeffs = thread.row(params.d_coeffs);
+  [[maybe_unused]] T* d_coeffs = thread.row(params.d_coeffs);
   const SequenceStarts starts{params};  // where the forward op's recurrence starts over
   const bool has_initial = params.initial.data != nullptr && thread.active;
   const T* initial = has_initial ? thread.template row<const T>(params.initial) : nullptr;
   T* const d_initial = has_initial ? thread.row(params.d_initial) : nullptr;
   // Broadcast coefficients: their gradient is summed here, into coeffs' shape.
   using CoeffSum = CoeffGradientSum<Acc, Thread::kSegmentLanes, Thread::kSegmentWarps, kItems, block_threads(Config)>;
-  const auto coeff_sum_row = [&params] {
+  [[maybe_unused]] const auto coeff_sum_row = [&params] {
     const int64_t sequence = Thread::sequence_of(params);
     return params.d_coeffs.template at<Acc>(params.shape.unravel(sequence < params.num_rows() ? sequence : 0));
   };
-  if (params.sum_d_coeffs) CoeffSum::start(params.d_coeffs);
+  if constexpr (SumsCoeffGradient) CoeffSum::start(params.d_coeffs);
 
   const int64_t end_step = thread.end_step();
   // A tile needs its three chunks and, from the neighbouring chunks (L1 hits: the neighbour threads
@@ -491,14 +492,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       });
     }
     thread.store(params.d_inputs, d_inputs, step, value);
-    if (params.sum_d_coeffs) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
+    if constexpr (SumsCoeffGradient) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
     else thread.store(params.d_coeffs, d_coeffs, step, prev_output);
     if constexpr (Thread::kPrefetch) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) value[i] = next_value[i];
     }
   }
-  if (params.sum_d_coeffs) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
+  if constexpr (SumsCoeffGradient) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
 }
 
 bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -686,7 +687,10 @@ void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
   dispatch_call(params, [&]<typename T, PipeConfig Config>(const BackwardParams& launched) {
     check_workspace<Config>(launched);
-    pipe_backward_kernel<T, Policy<Config>><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
+    // A kernel of its own for summing: its code would cost the other kernel registers, and occupancy.
+    const auto kernel = launched.sum_d_coeffs ? pipe_backward_kernel<T, Policy<Config>, true>
+                                              : pipe_backward_kernel<T, Policy<Config>, false>;
+    kernel<<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
