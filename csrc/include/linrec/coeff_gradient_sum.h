@@ -73,13 +73,12 @@ struct CoeffGradientSum {
     Acc* const coeffs = row();
     if (kLanesAcrossSequences && shared_by_warp(coeffs)) {
       // The lanes hold the same steps (a warp takes one chunk of each of its sequences): the warp
-      // sums each step, and lane i % 32 adds step i.
-      const int lane = threadIdx.x % 32;
+      // sums each step, and one lane adds it.
+      Acc values[Items];
       #pragma unroll
-      for (int i = 0; i < Items; ++i) {
-        const Acc total = group_sum<32>(begin + i < length ? items[i] : Acc(0));
-        if (lane == i % 32 && begin + i < steps) atomic_accumulate(coeffs + (begin + i) * time_stride, total);
-      }
+      for (int i = 0; i < Items; ++i) values[i] = begin + i < length ? items[i] : Acc(0);
+      const int step = warp_sum_scatter(values);
+      if (step >= 0 && begin + step < steps) atomic_accumulate(coeffs + (begin + step) * time_stride, values[0]);
     } else {
       #pragma unroll
       for (int i = 0; i < Items; ++i)
@@ -113,6 +112,31 @@ struct CoeffGradientSum {
   __device__ __forceinline__ static Acc& running(int thread = threadIdx.x) {
     __shared__ Acc sums[BlockThreads];
     return sums[thread];
+  }
+
+  // Sums values[i] over the warp's lanes for every i, a sum in each of Items lanes: returns the index
+  // i whose sum this lane holds in values[0], or -1. Each round halves the items a lane holds: it keeps
+  // the half its partner lane does not and adds the partner's copy of it, so that the warp exchanges
+  // Items / 2 + Items / 4 + ... values a lane, where a separate sum per item would exchange 5 Items.
+  __device__ __forceinline__ static int warp_sum_scatter(Acc (&values)[Items]) {
+    static_assert((Items & (Items - 1)) == 0 && Items <= 32, "a power of 2 of items, at most a warp's lanes");
+    const int lane = threadIdx.x % 32;
+    int index = 0;
+    #pragma unroll
+    for (int half = Items / 2, delta = 16; half >= 1; half /= 2, delta /= 2) {
+      const bool upper = lane & delta;
+      #pragma unroll
+      for (int j = 0; j < half; ++j) {
+        const Acc sent = upper ? values[j] : values[j + half];
+        const Acc kept = upper ? values[j + half] : values[j];
+        values[j] = kept + shuffled(sent, [delta](auto part) { return __shfl_xor_sync(0xffffffffu, part, delta); });
+      }
+      index += upper ? half : 0;
+    }
+    // The lanes that agree on the bits used so far hold the same item: sum over the rest of the lanes.
+    constexpr int kSharing = 32 / Items;
+    values[0] = group_sum<kSharing>(values[0]);
+    return lane % kSharing == 0 ? index : -1;
   }
 
   // Whether every lane of the warp adds into the same coefficients. Called by the whole warp.
