@@ -52,6 +52,18 @@ def test_public_api_errors(kwargs, error, message):
         linrec.linrec(**kwargs)
 
 
+def test_offsets_changed_in_place_are_checked_again(device):
+    """Valid offsets are checked once per tensor; changed in place, or against another length, again."""
+    inputs, coeffs = X[None].to(device), C[None].to(device)
+    offsets = torch.tensor([0, 2, 5], device=device)
+    linrec.linrec(inputs, coeffs, cu_seqlens=offsets)
+    with pytest.raises(ValueError, match=r"cu_seqlens must end at the length of the time dim \(4\), got 5"):
+        linrec.linrec(inputs[..., :4], coeffs[..., :4], cu_seqlens=offsets)
+    offsets[1] = 6
+    with pytest.raises(ValueError, match=r"cu_seqlens must be non-decreasing, got 6 then 5 at index 2"):
+        linrec.linrec(inputs, coeffs, cu_seqlens=offsets)
+
+
 # What the C++ ops' argument errors arrive as, called directly (linrec.linrec checks in Python first and
 # raises ValueError or TypeError on every torch): ValueError up to torch 2.13; torch 2.15's stable ABI
 # hands them over as RuntimeError (seen with 2.15.0); 2.14 not yet run, so either.

@@ -4,6 +4,8 @@ arguments and reach torch.compile users before tracing."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 REAL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -113,13 +115,29 @@ def check_cu_seqlens_not_vmapped(op: str, vmapped: bool) -> None:
         )
 
 
+# Offsets found valid, by tensor identity: a weak reference, the tensor's version counter and the length
+# they were checked against. The layers of a model scan the same offsets, which are checked (and waited
+# for) once. Keyed by id (tensors compare elementwise), each entry removed when its tensor goes.
+_VALID_OFFSETS: dict[int, tuple[weakref.ref, int, int]] = {}
+
+
+def _forget_offsets(key: int) -> None:
+    _VALID_OFFSETS.pop(key, None)
+
+
 def check_cu_seqlens_values(op: str, cu_seqlens: torch.Tensor, length: int) -> None:
     """Checks the offsets themselves: 0 first, non-decreasing, the time length last. Reads one flag on the
-    host (a synchronization with the GPU), so the API does it in eager mode only; the offsets themselves
-    are read only to word the error."""
+    host (a synchronization with the GPU), so the API does it in eager mode only, and once per tensor
+    until it is modified in place; the offsets themselves are read only to word the error."""
     check_cu_seqlens_not_vmapped(op, torch._C._functorch.is_batchedtensor(cu_seqlens))
+    key = id(cu_seqlens)
+    entry = _VALID_OFFSETS.get(key)
+    if entry is not None and entry[0]() is cu_seqlens and entry[1:] == (cu_seqlens._version, length):
+        return
     valid = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == length) & (cu_seqlens[1:] >= cu_seqlens[:-1]).all()
     if valid.item():
+        reference = weakref.ref(cu_seqlens, lambda _, key=key: _forget_offsets(key))
+        _VALID_OFFSETS[key] = (reference, cu_seqlens._version, length)
         return
     values = cu_seqlens.tolist()
     if values[0] != 0:
