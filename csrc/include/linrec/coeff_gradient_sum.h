@@ -44,8 +44,8 @@ __device__ __forceinline__ Acc group_sum(Acc value) {
 // The sum, for a block whose sequences each take SegmentLanes lanes of each of SegmentWarps warps
 // (SegmentLanes 1 where time is strided and a warp's lanes hold neighbouring sequences), each thread
 // holding Items consecutive steps. Its state lives in shared memory and the coefficient's address is
-// computed where it is used (`row()`, the thread's coefficient at time 0): registers kept for it
-// through the scan loop would be taken from every backward kernel, summing or not.
+// computed where it is used (`row()`, the thread's coefficient at time 0): registers kept for them
+// through the scan loop would cost the summing kernels occupancy.
 template <typename Acc, int SegmentLanes, int SegmentWarps, int Items, int BlockThreads>
 struct CoeffGradientSum {
   static constexpr bool kLanesAcrossSequences = SegmentLanes == 1;
@@ -114,8 +114,8 @@ struct CoeffGradientSum {
     return sums[thread];
   }
 
-  // Sums values[i] over the warp's lanes for every i, a sum in each of Items lanes: returns the index
-  // i whose sum this lane holds in values[0], or -1. Each round halves the items a lane holds: it keeps
+  // Sums values[i] over the warp's lanes for every i: returns the index i whose sum this lane holds in
+  // values[0], in one lane per item, and -1 in the others. Each round halves the items a lane holds: it keeps
   // the half its partner lane does not and adds the partner's copy of it, so that the warp exchanges
   // Items / 2 + Items / 4 + ... values a lane, where a separate sum per item would exchange 5 Items.
   __device__ __forceinline__ static int warp_sum_scatter(Acc (&values)[Items]) {

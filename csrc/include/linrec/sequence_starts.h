@@ -11,6 +11,9 @@
 
 namespace linrec {
 
+// Packed: the kernel is compiled for packed sequences; without, it takes the layout as unpacked
+// whatever its cu_seqlens, and the code for them is left out.
+template <bool Packed>
 struct SequenceStarts {
   const SequenceLayout& layout;
 
@@ -34,7 +37,7 @@ struct SequenceStarts {
     begin = begin < 0 ? 0 : begin;
     end = end > layout.seq_len ? layout.seq_len : end;
     if (begin >= end) return;
-    if (layout.cu_seqlens == nullptr) {
+    if (!Packed || layout.cu_seqlens == nullptr) {
       const int64_t first = layout.reverse ? layout.seq_len - 1 : 0;
       if (begin <= first && first < end) visit(first, int64_t{0});
       return;

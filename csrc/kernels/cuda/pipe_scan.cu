@@ -179,6 +179,11 @@ __device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
   for (int i = 0; i < Items; ++i) coeff[i] = coefficient(coeff[i], true);
 }
 
+// Each kernel is compiled twice, so that the code of features most calls do not use takes no registers
+// (and occupancy) from them: General handles packed sequences (cu_seqlens) and, in the backward, the
+// coefficient gradient summed into broadcast coefficients' shape; Plain neither.
+enum class Variant : int8_t { Plain, General };
+
 // An empty stand-in for the look-back's shared memory in kernels that do not chain.
 struct NoStorage {};
 
@@ -322,7 +327,7 @@ struct PipeThread {
   }
 };
 
-template <typename T, typename PolicyT>
+template <typename T, typename PolicyT, Variant Kind>
 __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_forward<T>(PolicyT::config))
     pipe_forward_kernel(ForwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
@@ -335,7 +340,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
   const T* inputs = thread.template row<const T>(params.inputs);
   const T* coeffs = thread.template row<const T>(params.coeffs);
   T* outputs = thread.row(params.outputs);
-  const SequenceStarts starts{params};
+  const SequenceStarts<Kind == Variant::General> starts{params};
   // The initial states of the row's packed sequences (one without cu_seqlens), if any.
   const T* initial = params.initial.data != nullptr && thread.active ? thread.template row<const T>(params.initial) : nullptr;
   // Past the row's end, coefficients are the identity's: 1 (log 1 = 0 with log_coeffs).
@@ -382,8 +387,8 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
 // d_inputs[l] = conj(coeffs[next]) * d_inputs[next] + d_outputs[l], scanning against the forward
 // op's direction, d_coeffs[l] = d_inputs[l] * conj(outputs[prev]) (outputs[prev] of the first element:
 // initial, or none), times coeffs[l] with log_coeffs, and d_initial = conj(coeffs[first]) * d_inputs[first].
-// SumsCoeffGradient: d_coeffs is summed into broadcast coeffs' shape (BackwardParams::sum_d_coeffs).
-template <typename T, typename PolicyT, bool SumsCoeffGradient>
+// The General variant sums d_coeffs into broadcast coeffs' shape where asked (BackwardParams::sum_d_coeffs).
+template <typename T, typename PolicyT, Variant Kind>
 __global__ void __launch_bounds__(block_threads(PolicyT::config))
     pipe_backward_kernel(BackwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
@@ -400,7 +405,8 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   const T* outputs = thread.template row<const T>(params.outputs);
   T* d_inputs = thread.row(params.d_inputs);
   [[maybe_unused]] T* d_coeffs = thread.row(params.d_coeffs);
-  const SequenceStarts starts{params};  // where the forward op's recurrence starts over
+  const SequenceStarts<Kind == Variant::General> starts{params};  // where the forward op's recurrence starts over
+  const bool sums = Kind == Variant::General && params.sum_d_coeffs;
   const bool has_initial = params.initial.data != nullptr && thread.active;
   const T* initial = has_initial ? thread.template row<const T>(params.initial) : nullptr;
   T* const d_initial = has_initial ? thread.row(params.d_initial) : nullptr;
@@ -410,7 +416,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
     const int64_t sequence = Thread::sequence_of(params);
     return params.d_coeffs.template at<Acc>(params.shape.unravel(sequence < params.num_rows() ? sequence : 0));
   };
-  if constexpr (SumsCoeffGradient) CoeffSum::start(params.d_coeffs);
+  if (sums) CoeffSum::start(params.d_coeffs);
 
   const int64_t end_step = thread.end_step();
   // A tile needs its three chunks and, from the neighbouring chunks (L1 hits: the neighbour threads
@@ -492,14 +498,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       });
     }
     thread.store(params.d_inputs, d_inputs, step, value);
-    if constexpr (SumsCoeffGradient) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
+    if (sums) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
     else thread.store(params.d_coeffs, d_coeffs, step, prev_output);
     if constexpr (Thread::kPrefetch) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) value[i] = next_value[i];
     }
   }
-  if constexpr (SumsCoeffGradient) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
+  if (sums) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
 }
 
 bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -679,7 +685,9 @@ int64_t workspace_bytes(const BackwardParams& params) {
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
   dispatch_call(params, [&]<typename T, PipeConfig Config>(const ForwardParams& launched) {
     check_workspace<Config>(launched);
-    pipe_forward_kernel<T, Policy<Config>><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
+    const auto kernel = launched.cu_seqlens != nullptr ? pipe_forward_kernel<T, Policy<Config>, Variant::General>
+                                                       : pipe_forward_kernel<T, Policy<Config>, Variant::Plain>;
+    kernel<<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
@@ -687,15 +695,17 @@ void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
   dispatch_call(params, [&]<typename T, PipeConfig Config>(const BackwardParams& launched) {
     check_workspace<Config>(launched);
-    // A kernel of its own for summing: its code would cost the other kernel registers, and occupancy.
-    const auto kernel = launched.sum_d_coeffs ? pipe_backward_kernel<T, Policy<Config>, true>
-                                              : pipe_backward_kernel<T, Policy<Config>, false>;
+    const bool general = launched.cu_seqlens != nullptr || launched.sum_d_coeffs;
+    const auto kernel = general ? pipe_backward_kernel<T, Policy<Config>, Variant::General>
+                                : pipe_backward_kernel<T, Policy<Config>, Variant::Plain>;
     kernel<<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
-const void* probe_kernel() { return reinterpret_cast<const void*>(pipe_forward_kernel<float, Policy<kPipeConfigs[0]>>); }
+const void* probe_kernel() {
+  return reinterpret_cast<const void*>(pipe_forward_kernel<float, Policy<kPipeConfigs[0]>, Variant::Plain>);
+}
 
 }  // namespace cuda
 }  // namespace linrec
