@@ -179,10 +179,11 @@ __device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
   for (int i = 0; i < Items; ++i) coeff[i] = coefficient(coeff[i], true);
 }
 
-// Each kernel is compiled twice, so that the code of features most calls do not use takes no registers
-// (and occupancy) from them: General handles packed sequences (cu_seqlens) and, in the backward, the
-// coefficient gradient summed into broadcast coefficients' shape; Plain neither.
-enum class Variant : int8_t { Plain, General };
+// Each kernel is compiled in variants, so that the code of features a call does not use takes no
+// registers (and occupancy) from it: Plain rows; Packed sequences (cu_seqlens); and, for the backward,
+// Summing the coefficient gradient into broadcast coefficients' shape, packed or not. A runtime branch
+// between summing and storing in one kernel keeps the registers of both paths live in both.
+enum class Variant : int8_t { Plain, Packed, Summing };
 
 // An empty stand-in for the look-back's shared memory in kernels that do not chain.
 struct NoStorage {};
@@ -340,7 +341,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
   const T* inputs = thread.template row<const T>(params.inputs);
   const T* coeffs = thread.template row<const T>(params.coeffs);
   T* outputs = thread.row(params.outputs);
-  const SequenceStarts<Kind == Variant::General> starts{params};
+  const SequenceStarts<Kind == Variant::Packed> starts{params};
   // The initial states of the row's packed sequences (one without cu_seqlens), if any.
   const T* initial = params.initial.data != nullptr && thread.active ? thread.template row<const T>(params.initial) : nullptr;
   // Past the row's end, coefficients are the identity's: 1 (log 1 = 0 with log_coeffs).
@@ -387,7 +388,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
 // d_inputs[l] = conj(coeffs[next]) * d_inputs[next] + d_outputs[l], scanning against the forward
 // op's direction, d_coeffs[l] = d_inputs[l] * conj(outputs[prev]) (outputs[prev] of the first element:
 // initial, or none), times coeffs[l] with log_coeffs, and d_initial = conj(coeffs[first]) * d_inputs[first].
-// The General variant sums d_coeffs into broadcast coeffs' shape where asked (BackwardParams::sum_d_coeffs).
+// The Summing variant sums d_coeffs into broadcast coeffs' shape (BackwardParams::sum_d_coeffs).
 template <typename T, typename PolicyT, Variant Kind>
 __global__ void __launch_bounds__(block_threads(PolicyT::config))
     pipe_backward_kernel(BackwardParams params) {
@@ -405,8 +406,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   const T* outputs = thread.template row<const T>(params.outputs);
   T* d_inputs = thread.row(params.d_inputs);
   [[maybe_unused]] T* d_coeffs = thread.row(params.d_coeffs);
-  const SequenceStarts<Kind == Variant::General> starts{params};  // where the forward op's recurrence starts over
-  const bool sums = Kind == Variant::General && params.sum_d_coeffs;
+  // Where the forward op's recurrence starts over.
+  const SequenceStarts<Kind == Variant::Packed || Kind == Variant::Summing> starts{params};
+  constexpr bool sums = Kind == Variant::Summing;
   const bool has_initial = params.initial.data != nullptr && thread.active;
   const T* initial = has_initial ? thread.template row<const T>(params.initial) : nullptr;
   T* const d_initial = has_initial ? thread.row(params.d_initial) : nullptr;
@@ -416,7 +418,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
     const int64_t sequence = Thread::sequence_of(params);
     return params.d_coeffs.template at<Acc>(params.shape.unravel(sequence < params.num_rows() ? sequence : 0));
   };
-  if (sums) CoeffSum::start(params.d_coeffs);
+  if constexpr (sums) CoeffSum::start(params.d_coeffs);
 
   const int64_t end_step = thread.end_step();
   // A tile needs its three chunks and, from the neighbouring chunks (L1 hits: the neighbour threads
@@ -498,14 +500,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       });
     }
     thread.store(params.d_inputs, d_inputs, step, value);
-    if (sums) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
+    if constexpr (sums) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
     else thread.store(params.d_coeffs, d_coeffs, step, prev_output);
     if constexpr (Thread::kPrefetch) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) value[i] = next_value[i];
     }
   }
-  if (sums) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
+  if constexpr (sums) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
 }
 
 bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -685,7 +687,7 @@ int64_t workspace_bytes(const BackwardParams& params) {
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
   dispatch_call(params, [&]<typename T, PipeConfig Config>(const ForwardParams& launched) {
     check_workspace<Config>(launched);
-    const auto kernel = launched.cu_seqlens != nullptr ? pipe_forward_kernel<T, Policy<Config>, Variant::General>
+    const auto kernel = launched.cu_seqlens != nullptr ? pipe_forward_kernel<T, Policy<Config>, Variant::Packed>
                                                        : pipe_forward_kernel<T, Policy<Config>, Variant::Plain>;
     kernel<<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
@@ -695,9 +697,9 @@ void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
   dispatch_call(params, [&]<typename T, PipeConfig Config>(const BackwardParams& launched) {
     check_workspace<Config>(launched);
-    const bool general = launched.cu_seqlens != nullptr || launched.sum_d_coeffs;
-    const auto kernel = general ? pipe_backward_kernel<T, Policy<Config>, Variant::General>
-                                : pipe_backward_kernel<T, Policy<Config>, Variant::Plain>;
+    const auto kernel = launched.sum_d_coeffs           ? pipe_backward_kernel<T, Policy<Config>, Variant::Summing>
+                        : launched.cu_seqlens != nullptr ? pipe_backward_kernel<T, Policy<Config>, Variant::Packed>
+                                                         : pipe_backward_kernel<T, Policy<Config>, Variant::Plain>;
     kernel<<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
