@@ -179,10 +179,11 @@ __device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
   for (int i = 0; i < Items; ++i) coeff[i] = coefficient(coeff[i], true);
 }
 
-// Each kernel is compiled in variants, so that the code of features a call does not use takes no
-// registers (and occupancy) from it: Plain rows; Packed sequences (cu_seqlens); and, for the backward,
-// Summing the coefficient gradient into broadcast coefficients' shape, packed or not. A runtime branch
-// between summing and storing in one kernel keeps the registers of both paths live in both.
+// The backward kernel is compiled in variants, so that the code of features a call does not use takes
+// no registers (and occupancy) from it: Plain rows; Packed sequences (cu_seqlens); and Summing the
+// coefficient gradient into broadcast coefficients' shape, packed or not. A runtime branch between
+// summing and storing in one kernel keeps the registers of both paths live in both. The forward
+// kernel is one, packed or not (docs/design.md, Broadcast coefficients and packed sequences).
 enum class Variant : int8_t { Plain, Packed, Summing };
 
 // An empty stand-in for the look-back's shared memory in kernels that do not chain.
@@ -328,7 +329,7 @@ struct PipeThread {
   }
 };
 
-template <typename T, typename PolicyT, Variant Kind>
+template <typename T, typename PolicyT>
 __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_forward<T>(PolicyT::config))
     pipe_forward_kernel(ForwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
   const T* inputs = thread.template row<const T>(params.inputs);
   const T* coeffs = thread.template row<const T>(params.coeffs);
   T* outputs = thread.row(params.outputs);
-  const SequenceStarts<Kind == Variant::Packed> starts{params};
+  const SequenceStarts<true> starts{params};
   // The initial states of the row's packed sequences (one without cu_seqlens), if any.
   const T* initial = params.initial.data != nullptr && thread.active ? thread.template row<const T>(params.initial) : nullptr;
   // Past the row's end, coefficients are the identity's: 1 (log 1 = 0 with log_coeffs).
@@ -687,9 +688,7 @@ int64_t workspace_bytes(const BackwardParams& params) {
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
   dispatch_call(params, [&]<typename T, PipeConfig Config>(const ForwardParams& launched) {
     check_workspace<Config>(launched);
-    const auto kernel = launched.cu_seqlens != nullptr ? pipe_forward_kernel<T, Policy<Config>, Variant::Packed>
-                                                       : pipe_forward_kernel<T, Policy<Config>, Variant::Plain>;
-    kernel<<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
+    pipe_forward_kernel<T, Policy<Config>><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
@@ -706,7 +705,7 @@ void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
 }
 
 const void* probe_kernel() {
-  return reinterpret_cast<const void*>(pipe_forward_kernel<float, Policy<kPipeConfigs[0]>, Variant::Plain>);
+  return reinterpret_cast<const void*>(pipe_forward_kernel<float, Policy<kPipeConfigs[0]>>);
 }
 
 }  // namespace cuda
