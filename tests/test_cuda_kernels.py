@@ -10,7 +10,7 @@ import torch
 from helpers import DTYPES, TOLERANCE, assert_matches, random_coeffs, random_operands, random_values, wide
 
 import linrec
-from linrec.tune import CHAINED_TILE_SHAPE, TILE_SHAPES
+from linrec.tune import CHAINED_TILE_SHAPE, PACKED_BACKWARD_TILE_SHAPES, TILE_SHAPES
 
 pytestmark = [
     pytest.mark.cuda,
@@ -216,6 +216,13 @@ def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False, offsets=
     forced = dict(threads_per_sequence=config[0], vectors_per_thread=config[1])
     poison_free_memory(inputs.numel(), dtype)
     outputs = torch.ops.linrec.forward(inputs, coeffs, **options, **forced)
+    if offsets is not None and config != (0, 0) and config not in PACKED_BACKWARD_TILE_SHAPES:
+        # The packed backward is compiled for the largest row tiles only: a smaller forced one is
+        # refused, and the automatic config is checked instead.
+        with pytest.raises(ValueError, match=r"no backward kernel is compiled for config \{threads_per_sequence="
+                                             rf"{config[0]}, vectors_per_thread={config[1]},"):
+            torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
+        forced = {}
     poison_free_memory(inputs.numel(), dtype)
     grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
     wide_options = dict(options, initial=wide(initial))

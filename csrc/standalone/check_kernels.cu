@@ -168,8 +168,7 @@ struct Buffers {
 // The params of the case over `buffers`: strides from the case, pointers from the buffers.
 void build_params(const Case& c, const Buffers& buffers, linrec::ForwardParams& forward,
                   linrec::BackwardParams& backward) {
-  forward.shape.num_dims = 1;
-  forward.shape.sizes[0] = c.rows;
+  forward.shape = linrec::BatchShape::of(&c.rows, 1);
   forward.seq_len = c.seq_len;
   forward.reverse = c.reverse;
   forward.log_coeffs = c.log_coeffs;

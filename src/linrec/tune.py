@@ -24,6 +24,9 @@ from linrec.bench import gpu_shapes, timer
 #: of the accumulator type: float32 for the 16-bit types).
 CHAINED_TILE_SHAPE = (128, 4)
 TILE_SHAPES = [(2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (64, 2), CHAINED_TILE_SHAPE]
+#: The tile shapes of the backward kernels for packed sequences (cu_seqlens) and for coefficients whose
+#: gradient the kernel sums (broadcast ones): the largest pipe tile and the chained one.
+PACKED_BACKWARD_TILE_SHAPES = [(64, 2), CHAINED_TILE_SHAPE]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -212,8 +212,9 @@ inline void bind_operands(const char* op, const Arguments& args, bool packed, Se
   LINREC_CHECK(merged.size() <= static_cast<size_t>(kMaxBatchDims), op, ": the dims other than time must merge into at most ",
                kMaxBatchDims, " strided dims, got ", merged.size(), " (make the tensors contiguous)");
 
-  layout.shape.num_dims = static_cast<int>(merged.size());
-  for (size_t d = 0; d < merged.size(); ++d) layout.shape.sizes[d] = merged[d].size;
+  std::vector<int64_t> merged_sizes;
+  for (const Dim& dim : merged) merged_sizes.push_back(dim.size);
+  layout.shape = BatchShape::of(merged_sizes.data(), static_cast<int>(merged_sizes.size()));
   layout.seq_len = args.sizes[args.time_dim];
   size_t k = 0;
   for (const OperandBinding& binding : bindings) {

@@ -31,42 +31,58 @@ inline const char* dtype_name(DType dtype) {
 // dims and fusing dims that every operand steps through evenly); tensors needing more are refused.
 constexpr int kMaxBatchDims = 8;
 
-// A batch row's multi-index over the batch dims.
-struct BatchIndex {
-  int64_t index[kMaxBatchDims] = {};
+// A batch row's first elements (time index 0) in N operands.
+template <typename T, int N>
+struct RowPointers {
+  T* at[N];
 };
 
 // The batch dims the sequences are numbered over, outermost first: sequence row r has the
-// multi-index of r in sizes[0..num_dims) (row-major, the last dim fastest).
+// multi-index of r in sizes[0..num_dims) (row-major, the last dim fastest). Built by of(), which
+// keeps `rows` the product of the sizes.
 struct BatchShape {
   int num_dims = 0;
   int64_t sizes[kMaxBatchDims] = {};
+  int64_t rows = 1;  // kept, not recomputed: the kernels ask for it in many places
 
-  LINREC_HOST_DEVICE int64_t num_rows() const {
-    int64_t rows = 1;
-    for (int d = 0; d < num_dims; ++d) rows *= sizes[d];
-    return rows;
+  static BatchShape of(const int64_t* dim_sizes, int count) {
+    BatchShape shape;
+    shape.num_dims = count;
+    for (int d = 0; d < count; ++d) {
+      shape.sizes[d] = dim_sizes[d];
+      shape.rows *= dim_sizes[d];
+    }
+    return shape;
   }
 
-  // Computed once per row and shared by all operands: the divisions are the costly part (a kernel
-  // over short sequences spends a noticeable share of its time here). The outermost dim needs none,
-  // so the common single batch dim costs nothing; the others divide in 32 bits where that is exact.
-  LINREC_HOST_DEVICE BatchIndex unravel(int64_t row) const {
-    BatchIndex result;
-#pragma unroll
-    for (int d = kMaxBatchDims - 1; d >= 1; --d) {
-      if (d < num_dims) {
-        if ((static_cast<uint64_t>(row) | static_cast<uint64_t>(sizes[d])) >> 32 == 0) {
-          const uint32_t row32 = static_cast<uint32_t>(row), size32 = static_cast<uint32_t>(sizes[d]);
-          result.index[d] = row32 % size32;
-          row = row32 / size32;
-        } else {
-          result.index[d] = row % sizes[d];
-          row /= sizes[d];
-        }
+  LINREC_HOST_DEVICE int64_t num_rows() const { return rows; }
+
+  // Where row `row` begins in each of `operands`. One walk over the batch dims serves all operands,
+  // since the divisions are the costly part (a kernel over short sequences spends a noticeable share of
+  // its time here): the outermost dim needs none, so the common single batch dim costs nothing, and the
+  // others divide in 32 bits where that is exact. The walk is a loop, not unrolled over kMaxBatchDims:
+  // every kernel instantiation carries this code, and unrolled it was the largest part of them.
+  template <typename T, typename... Operands>
+  LINREC_HOST_DEVICE RowPointers<T, sizeof...(Operands)> row_pointers(int64_t row, const Operands&... operands) const {
+    constexpr int kCount = sizeof...(Operands);
+    int64_t offsets[kCount] = {};
+#pragma unroll 1
+    for (int d = num_dims - 1; d >= 1; --d) {
+      int64_t index;
+      if ((static_cast<uint64_t>(row) | static_cast<uint64_t>(sizes[d])) >> 32 == 0) {
+        const uint32_t row32 = static_cast<uint32_t>(row), size32 = static_cast<uint32_t>(sizes[d]);
+        index = row32 % size32;
+        row = row32 / size32;
+      } else {
+        index = row % sizes[d];
+        row /= sizes[d];
       }
+      int k = 0;
+      ((offsets[k++] += index * operands.strides[d]), ...);
     }
-    result.index[0] = row;
+    RowPointers<T, kCount> result;
+    int k = 0;
+    ((result.at[k] = static_cast<T*>(operands.data) + offsets[k] + row * operands.strides[0], ++k), ...);
     return result;
   }
 };
@@ -78,15 +94,6 @@ struct Operand {
   int64_t time_stride = 0;
   int64_t segment_stride = 0;  // between packed sequences' initial states (cu_seqlens), else 0
   int64_t strides[kMaxBatchDims] = {};  // 0 past the shape's num_dims
-
-  // The first element of the batch row at `row` (time index 0).
-  template <typename T>
-  LINREC_HOST_DEVICE T* at(const BatchIndex& row) const {
-    int64_t offset = 0;
-#pragma unroll
-    for (int d = 0; d < kMaxBatchDims; ++d) offset += row.index[d] * strides[d];
-    return static_cast<T*>(data) + offset;
-  }
 };
 
 // The sequences one op call scans: num_segments x shape.num_rows() of them. Without cu_seqlens, one

@@ -26,11 +26,12 @@ LINREC_HOST_DEVICE void sequential_scan_forward_impl(const ForwardParams& params
   T* outputs[Lanes];
   Acc state[Lanes];
   for (int k = 0; k < Lanes; ++k) {
-    const BatchIndex row = params.shape.unravel(rows[k]);
-    inputs[k] = params.inputs.at<const T>(row);
-    coeffs[k] = params.coeffs.at<const T>(row);
-    outputs[k] = params.outputs.at<T>(row);
-    state[k] = has_initial ? static_cast<Acc>(params.initial.at<const T>(row)[segment * params.initial.segment_stride])
+    const auto [input_row, coeff_row, output_row, initial_row] =
+        params.shape.template row_pointers<T>(rows[k], params.inputs, params.coeffs, params.outputs, params.initial).at;
+    inputs[k] = input_row;
+    coeffs[k] = coeff_row;
+    outputs[k] = output_row;
+    state[k] = has_initial ? static_cast<Acc>(initial_row[segment * params.initial.segment_stride])
                            : Acc(0);
   }
   const int64_t step = params.reverse ? -1 : 1;
@@ -63,14 +64,16 @@ LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& para
   Acc d_state[Lanes];
   Acc next_coeff[Lanes];  // conj(coeffs) one step later in the forward scan; nothing follows the last
   for (int k = 0; k < Lanes; ++k) {
-    const BatchIndex row = params.shape.unravel(rows[k]);
-    d_outputs[k] = params.d_outputs.at<const T>(row);
-    coeffs[k] = params.coeffs.at<const T>(row);
-    outputs[k] = params.outputs.at<const T>(row);
-    d_inputs[k] = params.d_inputs.at<T>(row);
-    d_coeffs[k] = params.d_coeffs.at<T>(row);
-    initial[k] = has_initial ? params.initial.at<const T>(row) + segment * params.initial.segment_stride : nullptr;
-    d_initial[k] = has_initial ? params.d_initial.at<T>(row) + segment * params.d_initial.segment_stride : nullptr;
+    const auto [d_output_row, coeff_row, output_row, d_input_row, d_coeff_row, initial_row, d_initial_row] =
+        params.shape.template row_pointers<T>(rows[k], params.d_outputs, params.coeffs, params.outputs, params.d_inputs,
+                                              params.d_coeffs, params.initial, params.d_initial).at;
+    d_outputs[k] = d_output_row;
+    coeffs[k] = coeff_row;
+    outputs[k] = output_row;
+    d_inputs[k] = d_input_row;
+    d_coeffs[k] = d_coeff_row;
+    initial[k] = has_initial ? initial_row + segment * params.initial.segment_stride : nullptr;
+    d_initial[k] = has_initial ? d_initial_row + segment * params.d_initial.segment_stride : nullptr;
     d_state[k] = next_coeff[k] = Acc(0);
   }
   // Walk against the forward scan: from its last element towards its first.

@@ -98,14 +98,30 @@ constexpr auto kPipeConfigs = [] {
 template <typename T>
 constexpr Access kChainedAlignedAccess = sizeof(T) >= sizeof(float) ? Access::Coalesced : Access::Vectorized;
 
-// Whether the kernels of `config` are compiled for T: all configs but the chained aligned access of
-// the other types; for channel pairs, the strided pipe.
+// The backward kernel is compiled in variants, so that the code of features a call does not use takes
+// no registers (and occupancy) from it: Plain rows; Packed sequences (cu_seqlens); and Summing the
+// coefficient gradient into broadcast coefficients' shape, packed or not. A runtime branch between
+// summing and storing in one kernel keeps the registers of both paths live in both. The forward
+// kernel is one, packed or not (docs/design.md, Broadcast coefficients and packed sequences).
+enum class Variant : int8_t { Plain, Packed, Summing };
+
+// Whether the kernels of `config` (the backward's in `variant`) are compiled for T: all configs but the
+// chained aligned access of the other types; for channel pairs, the strided pipe. The Packed and
+// Summing backward variants take one row tile of the pipes over time-contiguous rows, the largest:
+// every variant of every tile shape in every dtype multiplies the device code, which the release wheel
+// holds for six GPU architectures (docs/design.md, Code size). Short packed rows, or short rows that
+// share their coefficients, run that tile.
 template <typename T>
-constexpr bool compiled_for(const PipeConfig& config) {
+constexpr bool compiled_for(const PipeConfig& config, Variant variant = Variant::Plain) {
   if (is_channel_pair<T>::value) return config.access == Access::Strided && config.schedule == Schedule::Pipe;
   const bool chained_aligned = config.schedule == Schedule::Chained &&
                                (config.access == Access::Vectorized || config.access == Access::Coalesced);
-  return !chained_aligned || config.access == kChainedAlignedAccess<T>;
+  if (chained_aligned && config.access != kChainedAlignedAccess<T>) return false;
+  const bool small_row_tile = config.schedule == Schedule::Pipe && config.access != Access::Strided &&
+                              !config.broadcast &&
+                              (config.threads_per_sequence != kTileShapes.back()[0] ||
+                               config.vectors_per_thread != kTileShapes.back()[1]);
+  return variant == Variant::Plain || !small_row_tile;
 }
 
 // Below these counts of sequences (time-contiguous) or 32-channel groups (strided) per SM, the
@@ -179,13 +195,6 @@ __device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
   for (int i = 0; i < Items; ++i) coeff[i] = coefficient(coeff[i], true);
 }
 
-// The backward kernel is compiled in variants, so that the code of features a call does not use takes
-// no registers (and occupancy) from it: Plain rows; Packed sequences (cu_seqlens); and Summing the
-// coefficient gradient into broadcast coefficients' shape, packed or not. A runtime branch between
-// summing and storing in one kernel keeps the registers of both paths live in both. The forward
-// kernel is one, packed or not (docs/design.md, Broadcast coefficients and packed sequences).
-enum class Variant : int8_t { Plain, Packed, Summing };
-
 // An empty stand-in for the look-back's shared memory in kernels that do not chain.
 struct NoStorage {};
 
@@ -238,7 +247,6 @@ struct PipeThread {
   const bool active;            // false for threads past the last sequence, which still take part in the
                                 // shuffles and barriers, with length 0
   const int64_t length;         // of this thread's row
-  const BatchIndex batch_row;   // of this thread's row (row 0 for inactive threads, which never access it)
   const IO io;
 
   __device__ __forceinline__ PipeThread(Storage& storage_, const SequenceLayout& layout)
@@ -252,7 +260,6 @@ struct PipeThread {
         sequence(sequence_of(layout)),
         active(sequence < layout.num_rows()),
         length(active ? layout.seq_len : 0),
-        batch_row(layout.shape.unravel(active ? sequence : 0)),
         io(storage_.io, rank, sequence_in_block) {}
 
   // This thread's sequence (past the last one for threads without a sequence), from the block and
@@ -284,10 +291,11 @@ struct PipeThread {
     }
   }
 
-  // This thread's row of `operand`.
-  template <typename Element = T>
-  __device__ __forceinline__ Element* row(const Operand& operand) const {
-    return operand.at<Element>(batch_row);
+  // This thread's row of each of `operands` (row 0 for inactive threads, which never access it).
+  template <typename Element = T, typename... Operands>
+  __device__ __forceinline__ RowPointers<Element, sizeof...(Operands)> rows(const SequenceLayout& layout,
+                                                                             const Operands&... operands) const {
+    return layout.shape.template row_pointers<Element>(active ? sequence : 0, operands...);
   }
 
   // The time stride of an operand this kernel reads (possibly broadcast along time) and of one with
@@ -339,12 +347,11 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
   __shared__ typename Thread::Storage storage;
   const Thread thread(storage, params);
   const typename Thread::IO& io = thread.io;
-  const T* inputs = thread.template row<const T>(params.inputs);
-  const T* coeffs = thread.template row<const T>(params.coeffs);
-  T* outputs = thread.row(params.outputs);
+  const auto [inputs, coeffs, outputs, initial_row] =
+      thread.rows(params, params.inputs, params.coeffs, params.outputs, params.initial).at;
   const SequenceStarts<true> starts{params};
   // The initial states of the row's packed sequences (one without cu_seqlens), if any.
-  const T* initial = params.initial.data != nullptr && thread.active ? thread.template row<const T>(params.initial) : nullptr;
+  const T* initial = params.initial.data != nullptr && thread.active ? initial_row : nullptr;
   // Past the row's end, coefficients are the identity's: 1 (log 1 = 0 with log_coeffs).
   const Acc coeff_fill = params.log_coeffs ? Acc(0) : Acc(1);
 
@@ -402,22 +409,20 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   const Thread thread(storage, params);
   const typename Thread::IO& io = thread.io;
   const int64_t length = thread.length;
-  const T* d_outputs = thread.template row<const T>(params.d_outputs);
-  const T* coeffs = thread.template row<const T>(params.coeffs);
-  const T* outputs = thread.template row<const T>(params.outputs);
-  T* d_inputs = thread.row(params.d_inputs);
-  [[maybe_unused]] T* d_coeffs = thread.row(params.d_coeffs);
+  const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial_row, d_initial_row] =
+      thread.rows(params, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
+                  params.initial, params.d_initial).at;
   // Where the forward op's recurrence starts over.
   const SequenceStarts<Kind == Variant::Packed || Kind == Variant::Summing> starts{params};
   constexpr bool sums = Kind == Variant::Summing;
   const bool has_initial = params.initial.data != nullptr && thread.active;
-  const T* initial = has_initial ? thread.template row<const T>(params.initial) : nullptr;
-  T* const d_initial = has_initial ? thread.row(params.d_initial) : nullptr;
+  const T* initial = has_initial ? initial_row : nullptr;
+  T* const d_initial = has_initial ? d_initial_row : nullptr;
   // Broadcast coefficients: their gradient is summed here, into coeffs' shape.
   using CoeffSum = CoeffGradientSum<Acc, Thread::kSegmentLanes, Thread::kSegmentWarps, kItems, block_threads(Config)>;
   [[maybe_unused]] const auto coeff_sum_row = [&params] {
     const int64_t sequence = Thread::sequence_of(params);
-    return params.d_coeffs.template at<Acc>(params.shape.unravel(sequence < params.num_rows() ? sequence : 0));
+    return params.shape.template row_pointers<Acc>(sequence < params.num_rows() ? sequence : 0, params.d_coeffs).at[0];
   };
   if constexpr (sums) CoeffSum::start(params.d_coeffs);
 
@@ -538,6 +543,11 @@ struct OperandSet {
 };
 
 OperandSet operands_of(const ForwardParams& params) { return {{params.inputs, params.coeffs}, {params.outputs}}; }
+// The forward kernel is one for every call.
+Variant variant_of(const ForwardParams&) { return Variant::Plain; }
+Variant variant_of(const BackwardParams& params) {
+  return params.sum_d_coeffs ? Variant::Summing : params.cu_seqlens != nullptr ? Variant::Packed : Variant::Plain;
+}
 // A summed d_coeffs is not among the writes: it is added into, not stored tile by tile.
 OperandSet operands_of(const BackwardParams& params) {
   if (params.sum_d_coeffs) return {{params.d_outputs, params.coeffs, params.outputs}, {params.d_inputs}};
@@ -550,7 +560,8 @@ OperandSet operands_of(const BackwardParams& params) {
 // access where every row of every operand is aligned. A config forced in the params picks the tile
 // shape of the row kernels. Other strides take the strided kernels, piped or chained by the same rule.
 template <typename T>
-PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operands, int multiprocessors) {
+PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operands, Variant variant,
+                         int multiprocessors) {
   bool time_last = true, broadcast = false, aligned = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;
   for (const Operand& operand : operands.reads) {
     time_last = time_last && readable_in_time(operand);
@@ -578,7 +589,7 @@ PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operand
     if (few_rows && layout.seq_len > tile_length<T>(chained)) return chained;
     for (const auto& [threads, vectors] : kTileShapes) {
       const PipeConfig pipe{threads, vectors, layout.reverse, access};
-      if (tile_length<T>(pipe) >= layout.seq_len) return pipe;
+      if (compiled_for<T>(pipe, variant) && tile_length<T>(pipe) >= layout.seq_len) return pipe;
     }
     return PipeConfig{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, access};
   }
@@ -618,7 +629,10 @@ bool pair_channels(Params& params) {
     for (int d = 0; d < inner; ++d) pairable = pairable && operand.strides[d] % 2 == 0;
   });
   if (!pairable) return false;
-  params.shape.sizes[inner] /= 2;
+  int64_t sizes[kMaxBatchDims];
+  std::copy(params.shape.sizes, params.shape.sizes + kMaxBatchDims, sizes);
+  sizes[inner] /= 2;
+  params.shape = BatchShape::of(sizes, params.shape.num_dims);
   for_each_operand(params, [&](Operand& operand) {
     operand.time_stride /= 2;
     operand.segment_stride /= 2;
@@ -642,7 +656,7 @@ void dispatch_call(const Params& params, Body&& body) {
         else throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(Config) + " in this dtype");
       });
     };
-    const PipeConfig config = choose_config<T>(params, operands_of(params), multiprocessors);
+    const PipeConfig config = choose_config<T>(params, operands_of(params), variant_of(params), multiprocessors);
     if constexpr (sizeof(T) == 2) {
       Params paired = params;
       if (config.access == Access::Strided && config.schedule == Schedule::Pipe && pair_channels<T>(paired))
@@ -696,10 +710,18 @@ void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
   dispatch_call(params, [&]<typename T, PipeConfig Config>(const BackwardParams& launched) {
     check_workspace<Config>(launched);
-    const auto kernel = launched.sum_d_coeffs           ? pipe_backward_kernel<T, Policy<Config>, Variant::Summing>
-                        : launched.cu_seqlens != nullptr ? pipe_backward_kernel<T, Policy<Config>, Variant::Packed>
-                                                         : pipe_backward_kernel<T, Policy<Config>, Variant::Plain>;
-    kernel<<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
+    const auto launch = [&]<Variant Kind>() {
+      if constexpr (compiled_for<T>(Config, Kind))
+        pipe_backward_kernel<T, Policy<Config>, Kind><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
+      else
+        throw std::invalid_argument("linrec: no backward kernel is compiled for config " + describe(Config) +
+                                    " with packed sequences or a summed coefficient gradient (they take the largest row tile)");
+    };
+    switch (variant_of(launched)) {
+      case Variant::Plain: launch.template operator()<Variant::Plain>(); break;
+      case Variant::Packed: launch.template operator()<Variant::Packed>(); break;
+      case Variant::Summing: launch.template operator()<Variant::Summing>(); break;
+    }
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
