@@ -6,8 +6,10 @@
 
 #if defined(__CUDACC__)
 #define LINREC_HOST_DEVICE __host__ __device__ __forceinline__
+#define LINREC_NO_UNROLL _Pragma("unroll 1")
 #else
 #define LINREC_HOST_DEVICE inline
+#define LINREC_NO_UNROLL
 #endif
 
 namespace linrec {
@@ -66,7 +68,7 @@ struct BatchShape {
   LINREC_HOST_DEVICE RowPointers<T, sizeof...(Operands)> row_pointers(int64_t row, const Operands&... operands) const {
     constexpr int kCount = sizeof...(Operands);
     int64_t offsets[kCount] = {};
-#pragma unroll 1
+    LINREC_NO_UNROLL
     for (int d = num_dims - 1; d >= 1; --d) {
       int64_t index;
       if ((static_cast<uint64_t>(row) | static_cast<uint64_t>(sizes[d])) >> 32 == 0) {
