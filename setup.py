@@ -15,6 +15,8 @@ Environment:
   MAX_JOBS                parallel compile jobs (default: CPU count)
   LINREC_LOCAL_VERSION    a local version label for a wheel variant, e.g. cu12 -> 0.1.0+cu12
                           (the version itself is src/linrec/_version.py's)
+  LINREC_LINEINFO=1       keep source lines in the device code, for profilers (ncu's source view);
+                          off by default: with them the device code is twice as large
 The build writes linrec/_build_info.json beside the libraries: what they were built for, which
 `python -m linrec.info` prints and the runtime checks compare with the machine.
 """
@@ -173,7 +175,8 @@ class BuildNativeLibraries(build_ext):
         def compile_source(source: str) -> str:
             obj = objects_dir / (Path(source).name + ".o")
             if source.endswith(".cu"):
-                command = [str(nvcc), CXX_STD, "-O3", "-lineinfo", "--threads", "2",
+                lineinfo = ["-lineinfo"] if os.environ.get("LINREC_LINEINFO", "0") not in ("", "0") else []
+                command = [str(nvcc), CXX_STD, "-O3", *lineinfo, "--threads", "2",
                            "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills",
                            *cuda_flags, *defines, *includes, "-c", source, "-o", str(obj)]
             else:
