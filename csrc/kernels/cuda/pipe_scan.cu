@@ -157,10 +157,16 @@ constexpr int kTileHoldingThreadsPerMultiprocessor = 768;
 // spill, and 4 (docs/design.md, Memory access).
 constexpr int kCoalescedTileThreadsPerMultiprocessor = 640;
 
+// The 16-bit pipe forwards over time-contiguous rows do not prefetch and are latency-bound, so
+// occupancy sets their speed; left to itself the compiler gives the 32 x 2 and 64 x 2 tiles up to 128
+// registers (8 blocks of 64 threads an SM), and fits them in 96 without spilling.
+constexpr int kSixteenBitPipeThreadsPerMultiprocessor = 640;
+
 template <typename T>
 __host__ __device__ constexpr int min_blocks_forward(const PipeConfig& config) {
   const bool holds_tile = config.access == Access::Strided || config.schedule == Schedule::Chained;
   using Acc = accumulator_t<T>;
+  if (!holds_tile && sizeof(T) == 2) return kSixteenBitPipeThreadsPerMultiprocessor / block_threads(config);
   if (!holds_tile || !(std::is_same_v<Acc, float> || std::is_same_v<Acc, ChannelPair<float>>)) return 1;
   const int threads = config.access == Access::Coalesced ? kCoalescedTileThreadsPerMultiprocessor
                                                          : kTileHoldingThreadsPerMultiprocessor;
