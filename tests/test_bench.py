@@ -75,3 +75,47 @@ def test_gpu_layout_cases_are_valid_calls(monkeypatch):
         else:
             offsets = bench.packed_offsets(case.shape[case.dim], case.sequences, case.empty)
             assert case.shape[0] == 1 and len(offsets) == case.sequences + 1
+
+
+def test_selective_scan_table(device, monkeypatch, tmp_path, capsys):
+    """Every backend runs on a small Mamba-like case; the loop is skipped past its length limit."""
+    def time_once(fn):  # the timed functions take the backend as a default argument: linrec's are 2 ms, the others 4
+        fn()
+        return 2.0 if fn.__defaults__ == ("auto",) else 4.0
+
+    monkeypatch.setattr(bench, "timer", lambda device: time_once)
+    monkeypatch.setattr(bench, "MAX_SELECTIVE_LOOP_LENGTH", 16)
+    cases = [bench.SelectiveScanCase(2, 4, 3, 16), bench.SelectiveScanCase(1, 4, 2, 17)]
+    rows = bench.measure_selective_scan(torch.device(device), [torch.float32, torch.bfloat16, torch.complex64],
+                                        lambda runs: runs, cases)
+    assert [(row["dtype"], row["shape"], row["impl"]) for row in rows] == [
+        (dtype, shape, impl) for dtype in ("float32", "bfloat16") for shape in ("2x4x3x16", "1x4x2x17")
+        for impl in ("linrec", "hop", "loop")]
+    for row in rows:
+        skipped = row["impl"] == "loop" and row["shape"] == "1x4x2x17"
+        assert (row["ms"] is None) == skipped and (row["note"] is not None) == skipped
+        if not skipped:
+            assert row["vs_linrec"] == (1.0 if row["impl"] == "linrec" else 2.0)
+            assert (row["peak_mib"] is None) == (device == "cpu")
+            if row["peak_mib"] is not None:
+                assert row["peak_mib"] > 0
+    assert rows[5]["note"] == "skipped: length > 16"
+
+    bench.print_table(rows, bench.SELECTIVE_SCAN_COLUMNS, [])
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 + len(rows) and "fwd+bwd ms" in printed[0] and "skipped" in printed[2 + 5]
+    bench.write_csv(rows, tmp_path / "selective.csv")
+    with (tmp_path / "selective.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == len(rows)
+
+
+def test_gpu_selective_scan_cases_are_valid_calls():
+    """The GPU cases are valid calls (on the meta device), Mamba-like, and the loop runs on one of them."""
+    cases = bench.selective_scan_cases(torch.device("cuda"))
+    assert any(case.length <= bench.MAX_SELECTIVE_LOOP_LENGTH for case in cases)
+    for batch, d, n, length in cases:
+        assert batch * d * n * length <= bench.MAX_SELECTIVE_HOP_ELEMENTS
+        u = torch.empty(batch, d, length, device="meta")
+        B = torch.empty(batch, n, length, device="meta")
+        out, state = linrec.selective_scan(u, u, torch.empty(d, n, device="meta"), B, B, return_last_state=True)
+        assert out.shape == (batch, d, length) and state.shape == (batch, d, n)

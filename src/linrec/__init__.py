@@ -20,6 +20,8 @@ from ._ops import HAS_CUDA_KERNELS
 from ._runtime import build_info, cuda_driver_version, cuda_problem
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
+from ._selective_scan import selective_scan
+from . import nn, rl  # noqa: E402  (they call linrec, defined below, at run time only)
 
 #: Every value ``backend`` accepts: the compiled kernels ("auto") and the pure-PyTorch references.
 BACKENDS = ("auto", *REFERENCES)
@@ -34,6 +36,9 @@ __all__ = [
     "linrec_hop",
     "linrec_loop",
     "linrec_reference",
+    "nn",
+    "rl",
+    "selective_scan",
 ]
 
 _KERNEL_DEVICES = ("cpu", "cuda", "meta")

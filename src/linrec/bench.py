@@ -15,7 +15,9 @@ operands, in inputs-sized tensors (CUDA only); and for packed sequences the time
 without cu_seqlens over the packed call's ("vs unpacked"). A third times the derivative paths of
 the public API: forward and backward, forward-mode AD (torch.func.jvp) and a gradient penalty (double
 backward), each in units of one torch.add on the same operands ("adds": the time of the whole step
-over add's).
+over add's). A fourth times linrec.selective_scan (Mamba's S6) on a Mamba-like shape, forward and
+forward+backward, against the same equations on torch's associative_scan and on a Python loop over
+time (skipped past a length of 512), with the peak memory of forward+backward (CUDA only).
 """
 
 from __future__ import annotations
@@ -216,6 +218,112 @@ def measure_derivatives(device: torch.device, dtypes: Iterable[torch.dtype], pro
     return rows
 
 
+class SelectiveScanCase(NamedTuple):
+    """One shape of the selective-scan table: u, delta and z are (batch, d, length), A is (d, n), B and C
+    are shared by the channels, (batch, n, length), as in Mamba."""
+
+    batch: int
+    d: int
+    n: int
+    length: int
+
+
+#: The loop reference takes one Python step per time index forward and several backward: it runs only
+#: up to this length (beyond, its row says skipped).
+MAX_SELECTIVE_LOOP_LENGTH = 512
+#: hop keeps its O(log length) levels of full-size (batch, d, n, length) temporaries for the backward.
+MAX_SELECTIVE_HOP_ELEMENTS = 1 << 28
+SELECTIVE_SCAN_BACKENDS = ("auto", "hop", "loop")
+
+
+def selective_scan_cases(device: torch.device) -> list[SelectiveScanCase]:
+    """Mamba-like shapes: on the GPU a layer of Mamba-130M's width at length 2048, and a short one on
+    which the loop reference runs too; on the CPU one of a few seconds."""
+    if device.type == "cuda":
+        return [SelectiveScanCase(8, 1024, 16, 2048), SelectiveScanCase(8, 1024, 16, 256)]
+    return [SelectiveScanCase(2, 64, 16, 512)]
+
+
+def measure_selective_scan(device: torch.device, dtypes: Iterable[torch.dtype], progress,
+                           cases: list[SelectiveScanCase] | None = None) -> list[dict]:
+    """linrec.selective_scan with every optional term (D, z, delta_bias, softplus) and B, C shared by the
+    channels, forward and forward+backward (the gradients of all eight tensor arguments), on the compiled
+    kernels and on the pure-PyTorch references (the same equations, the recurrence run by torch's
+    associative_scan or by a Python loop over time). Real dtypes of ``dtypes`` only: u, delta, z, B and C
+    in the dtype, A, D and delta_bias in float32 (Mamba's parameters); the state is float32 either way."""
+    time_ms = timer(device)
+    cases = selective_scan_cases(device) if cases is None else cases
+    runs = [(dtype, case) for dtype in dtypes if dtype.is_floating_point for case in cases]
+    rows = []
+    for dtype, case in progress(runs):
+        rows += measure_selective_scan_case(device, dtype, case, time_ms)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def measure_selective_scan_case(device: torch.device, dtype: torch.dtype, case: SelectiveScanCase, time_ms) -> list[dict]:
+    """One row per backend: ms of the forward and of forward+backward, the latter over the compiled
+    kernels' ("x linrec"), and the peak memory of a forward+backward beyond the arguments (CUDA only)."""
+    batch, d, n, length = case
+    activations = (batch, d, length)
+    arguments = dict(
+        u=torch.randn(activations, device=device, dtype=dtype),
+        delta=torch.randn(activations, device=device, dtype=dtype) - 1,  # softplus: about 0.3
+        A=-torch.rand(d, n, device=device) - 0.5,
+        B=torch.randn(batch, n, length, device=device, dtype=dtype),
+        C=torch.randn(batch, n, length, device=device, dtype=dtype),
+        D=torch.randn(d, device=device),
+        z=torch.randn(activations, device=device, dtype=dtype),
+        delta_bias=0.1 * torch.randn(d, device=device),
+    )
+    leaves = [tensor.requires_grad_() for tensor in arguments.values()]
+    d_out = torch.randn(activations, device=device, dtype=dtype)
+    base = dict(device=device.type, dtype=str(dtype).removeprefix("torch."),
+                shape=_shape_text(tuple(case)), elements=batch * d * n * length)
+    rows = []
+    for backend in SELECTIVE_SCAN_BACKENDS:
+        name = "linrec" if backend == "auto" else backend
+        row = dict(base, impl=name, fwd_ms=None, ms=None, vs_linrec=None, peak_mib=None, note=None)
+        rows.append(row)
+        if backend == "loop" and length > MAX_SELECTIVE_LOOP_LENGTH:
+            row["note"] = f"skipped: length > {MAX_SELECTIVE_LOOP_LENGTH}"
+            continue
+        if backend == "hop" and row["elements"] > MAX_SELECTIVE_HOP_ELEMENTS:
+            row["note"] = "skipped: state > 2^28 elements"
+            continue
+
+        def forward(backend=backend):
+            return linrec.selective_scan(**arguments, delta_softplus=True, backend=backend)
+
+        def forward_backward(backend=backend):
+            torch.autograd.grad(forward(backend), leaves, d_out)
+
+        try:
+            with torch.no_grad():
+                row["fwd_ms"] = time_ms(forward)
+            row["ms"] = time_ms(forward_backward)
+            if device.type == "cuda":
+                gc.collect()
+                torch.cuda.synchronize(device)
+                before = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                forward_backward()
+                torch.cuda.synchronize(device)
+                row["peak_mib"] = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+        except torch.OutOfMemoryError:
+            row["fwd_ms"] = row["ms"] = row["peak_mib"] = None
+            row["note"] = "out of memory"
+            gc.collect()
+            torch.cuda.empty_cache()
+    linrec_ms = rows[0]["ms"]
+    for row in rows:
+        if row["ms"] is not None and linrec_ms is not None:
+            row["vs_linrec"] = row["ms"] / linrec_ms
+    return rows
+
+
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     """Median milliseconds per call, after warm-up. On the GPU, the median of three separate
     measurements: a single one of a kernel of a few microseconds was seen 25% off in either direction."""
@@ -306,6 +414,13 @@ LAYOUT_TITLE = ("model layouts through the public API with autograd "
                 "(ratio to torch.add; peak memory of fwd+bwd in inputs-sized tensors)")
 DERIVATIVE_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "shape", ">14"), ("dim", "dim", ">3"), ("path", "path", ">8"),
                       ("ms", "ms", ">9.4f"), ("adds", "adds", ">6.1f")]
+SELECTIVE_SCAN_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "b x d x n x len", ">17"), ("impl", "impl", ">6"),
+                          ("fwd_ms", "fwd ms", ">9.3f"), ("ms", "fwd+bwd ms", ">10.3f"), ("vs_linrec", "x linrec", ">8.1f"),
+                          ("peak_mib", "peak MiB", ">8.0f"), ("note", "note", "<")]
+SELECTIVE_SCAN_TITLE = ("selective scan (Mamba S6; D, z, delta_bias, softplus; B, C shared by the channels): ms of the\n"
+                        "forward (no grad) and of forward+backward (all 8 gradients), the latter over linrec's; peak memory of\n"
+                        "forward+backward beyond the arguments (CUDA only, blank on the CPU); hop and loop: the same equations\n"
+                        f"on torch's associative_scan or a Python loop over time (loop skipped past {MAX_SELECTIVE_LOOP_LENGTH} steps)")
 TIMING_COLUMNS = [("direction", "dir", ">3"), ("ms", "ms", ">9.4f"), ("gbps", "GB/s", ">8.1f"), ("ratio", "x add", ">6.2f")]
 
 
@@ -381,6 +496,12 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print_table(derivative_rows, DERIVATIVE_COLUMNS, [])
     write_csv(derivative_rows, args.out / f"linrec-bench-derivatives-{device.type}.csv")
+    selective_rows = measure_selective_scan(device, dtypes, progress)
+    if selective_rows:
+        print()
+        print(SELECTIVE_SCAN_TITLE)
+        print_table(selective_rows, SELECTIVE_SCAN_COLUMNS, [])
+        write_csv(selective_rows, args.out / f"linrec-bench-selective-scan-{device.type}.csv")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

@@ -1,0 +1,230 @@
+"""Mamba's selective scan (S6) on linrec's recurrence.
+
+The state ``x`` of shape (batch, d, n) evolves as ``x_t = exp(delta_t * A) * x_{t-1} + delta_t * B_t * u_t``
+and is read out as ``y_t = sum_n C_t * x_t``. Each (batch, d, n) entry of the state is an independent
+linear recurrence over time, so the whole scan is one ``linrec.linrec`` call on the expanded operands
+of shape (batch, d, n, length), laid out with time last and contiguous (the rows the kernels scan
+fastest). For real ``A`` the coefficients are passed as ``delta * A`` with ``log_coeffs=True``: the
+kernels exponentiate, and no tensor of ``exp(delta * A)`` is stored.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import linrec as _package  # the package; its ``linrec`` function is looked up at call time
+
+_OP = "selective_scan"
+_REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_COMPLEX = (torch.complex64, torch.complex128)
+
+
+def selective_scan(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    return_last_state: bool = False,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Mamba's selective scan (S6), with the arguments and results of mamba_ssm's ``selective_scan_fn``.
+
+    With ``delta`` first shifted by ``delta_bias`` and passed through softplus when ``delta_softplus``,
+    the state ``x`` (batch, d, n) starts at zero and, for every step ``t`` (elementwise over (d, n))::
+
+        x_t = exp(delta_t * A) * x_{t-1} + delta_t * B_t * u_t
+        y_t = sum over n of x_t * C_t            (2 * its real part when A is complex)
+        out_t = (y_t + D * u_t) * silu(z_t)      (the D and z terms only when given)
+
+    Computed in float32 at least: 16-bit arguments are read as float32 (state, products and sums in
+    float32), float64 ones keep float64. Differentiable in every tensor argument. The scan itself is
+    one ``linrec.linrec`` call over the expanded state, which takes memory: its coefficients, inputs
+    and states are each batch * d * n * length elements of the compute dtype, and autograd keeps
+    the states for the backward.
+
+    Args:
+        u: the inputs, (batch, d, length), float32, float64, float16 or bfloat16.
+        delta: the step sizes, (batch, d, length), real.
+        A: the state matrix, (d, n), real or complex (complex64/complex128: complex state).
+        B: the input projection, in one of three layouts: fixed ``(d, n)``; one per (batch, time) shared
+            by the channels ``(batch, n, length)``; or per group of channels ``(batch, groups, n,
+            length)``, where ``groups`` divides d and channel k reads group ``k // (d // groups)``.
+            With complex ``A``, a time-varying B is real with a last dim of ``2 * length`` holding
+            (real, imag) pairs, as mamba_ssm takes it (a complex one of ``length`` is read as it is);
+            a fixed B is complex or real. With real ``A``, B is real.
+        C: the output projection, in the layouts of ``B`` (independently of B's).
+        D: the skip connection, (d,), real, or None.
+        z: the gate, (batch, d, length), real, or None: the output is multiplied by ``silu(z)``.
+        delta_bias: (d,), real, added to ``delta`` before the softplus, or None.
+        delta_softplus: pass ``delta`` (after ``delta_bias``) through softplus.
+        return_last_state: also return the state after the last step.
+        backend: the recurrence's implementation, as ``linrec.linrec`` takes it: ``"auto"`` (the compiled
+            kernels) or a pure-PyTorch reference, ``"loop"``, ``"hop"`` or ``"heinsen"``.
+
+    Returns:
+        out, (batch, d, length) of ``u``'s dtype; with ``return_last_state``, the tuple
+        ``(out, last_state)``, where last_state is (batch, d, n) in the compute dtype (float32 or
+        float64; complex64 or complex128 when ``A`` is complex), zeros for a length of 0.
+
+    Example:
+        >>> batch, d, n, length = 2, 8, 4, 32
+        >>> u, delta = torch.randn(batch, d, length), torch.rand(batch, d, length)
+        >>> A = -torch.rand(d, n)                                # decaying state
+        >>> B, C = torch.randn(batch, n, length), torch.randn(batch, n, length)
+        >>> out, state = selective_scan(u, delta, A, B, C, D=torch.ones(d), return_last_state=True)
+        >>> out.shape, state.shape
+        (torch.Size([2, 8, 32]), torch.Size([2, 8, 4]))
+    """
+    batch, d, n, length = _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    real_dtype = torch.float32
+    for tensor in (u, delta, A, B, C, D, z, delta_bias):
+        if tensor is not None:
+            real_dtype = torch.promote_types(real_dtype, tensor.dtype.to_real())
+    complex_state = A.is_complex()
+    state_dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}[real_dtype] if complex_state else real_dtype
+
+    # The small operands are made contiguous (they hold no n dim), so that the products below come out
+    # as (batch, d, n, length) with time last and contiguous, whatever the strides of the arguments.
+    u_wide = u.to(real_dtype).contiguous()
+    delta_wide = delta.to(real_dtype).contiguous()
+    if delta_bias is not None:
+        delta_wide = delta_wide + delta_bias.to(real_dtype).unsqueeze(-1)
+    if delta_softplus:
+        delta_wide = F.softplus(delta_wide)
+    A_wide = A.to(state_dtype).contiguous()
+    B_wide = _as_operand(B, state_dtype, length)
+    C_wide = _as_operand(C, state_dtype, length)
+
+    step = delta_wide.unsqueeze(2) * A_wide.unsqueeze(-1)  # delta_t * A, (batch, d, n, length)
+    if complex_state:
+        coeffs, log_coeffs = step.exp(), False
+    else:
+        coeffs, log_coeffs = step, True  # the kernels take exp(delta * A) from its log
+    inputs = _spread(delta_wide * u_wide, B_wide)  # delta_t * B_t * u_t, (batch, d, n, length)
+    states = _package.linrec(inputs, coeffs.contiguous(), dim=-1, log_coeffs=log_coeffs, backend=backend)
+
+    y = _contract(states, C_wide)  # (batch, d, length)
+    if complex_state:
+        y = 2 * y.real
+    if D is not None:
+        y = y + u_wide * D.to(real_dtype).unsqueeze(-1)
+    if z is not None:
+        y = y * F.silu(z.to(real_dtype))
+    out = y.to(u.dtype)
+    if not return_last_state:
+        return out
+    if length == 0:
+        last_state = states.new_zeros(batch, d, n)
+    else:
+        last_state = states[..., -1].clone()  # its own memory: holding it does not keep the states alive
+    return out, last_state
+
+
+def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tensor:
+    """B or C in the compute dtype: fixed ones stay (d, n); time-varying ones become (batch, groups, n,
+    length), a shared one with groups = 1, interleaved (real, imag) pairs read as complex numbers."""
+    if M.dim() == 2:
+        return M.to(dtype).contiguous()
+    if M.dim() == 3:
+        M = M.unsqueeze(1)
+    if dtype.is_complex and not M.is_complex():
+        real = M.to(dtype.to_real())
+        return torch.complex(real[..., 0::2], real[..., 1::2])
+    return M.to(dtype).contiguous()
+
+
+def _spread(delta_u: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """delta_u (batch, d, length) times B over the state dim n: (batch, d, n, length)."""
+    batch, d, length = delta_u.shape
+    if B.dim() == 2:
+        product = delta_u.unsqueeze(2) * B.unsqueeze(-1)
+    else:
+        groups, n = B.shape[1], B.shape[2]
+        product = delta_u.view(batch, groups, d // groups, 1, length) * B.unsqueeze(2)
+        product = product.reshape(batch, d, n, length)
+    return product.contiguous()
+
+
+def _contract(states: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """sum over n of states (batch, d, n, length) times C: (batch, d, length)."""
+    if C.dim() == 2:
+        return (states * C.unsqueeze(-1)).sum(2)
+    batch, d, n, length = states.shape
+    groups = C.shape[1]
+    grouped = states.view(batch, groups, d // groups, n, length) * C.unsqueeze(2)
+    return grouped.sum(3).reshape(batch, d, length)
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return str(list(tensor.shape))
+
+
+def _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state) -> tuple[int, int, int, int]:
+    """Checks every argument; returns (batch, d, n, length). Raises TypeError (types, dtypes) or
+    ValueError (shapes, devices) naming the argument, what was expected and what was given."""
+    named = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias}
+    for name, tensor in named.items():
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{_OP}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor is None and name in ("u", "delta", "A", "B", "C"):
+            raise TypeError(f"{_OP}: {name} must be a torch.Tensor, got None")
+    for name, value in (("delta_softplus", delta_softplus), ("return_last_state", return_last_state)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{_OP}: {name} must be a bool, got {type(value).__name__}")
+    for name, tensor in named.items():
+        if tensor is None:
+            continue
+        allowed = _REAL + _COMPLEX if name in ("A", "B", "C") else _REAL
+        if tensor.dtype not in allowed:
+            kinds = "a real or complex floating-point" if name in ("A", "B", "C") else "a real floating-point"
+            raise TypeError(f"{_OP}: {name} must be {kinds} tensor, got {tensor.dtype}")
+        if tensor.device != u.device:
+            raise ValueError(f"{_OP}: {name} must be on the device of u ({u.device}), got {tensor.device}")
+
+    if u.dim() != 3:
+        raise ValueError(f"{_OP}: u must be 3-dim (batch, d, length), got shape {_shape(u)}")
+    batch, d, length = u.shape
+    for name in ("delta", "z"):
+        if named[name] is not None and named[name].shape != u.shape:
+            raise ValueError(f"{_OP}: {name} must have the shape of u (batch, d, length) = {_shape(u)}, "
+                             f"got {_shape(named[name])}")
+    if A.dim() != 2 or A.shape[0] != d:
+        raise ValueError(f"{_OP}: A must be 2-dim (d, n) with d = {d} (u's dim 1), got shape {_shape(A)}")
+    n = A.shape[1]
+    for name in ("D", "delta_bias"):
+        if named[name] is not None and named[name].shape != (d,):
+            raise ValueError(f"{_OP}: {name} must have shape (d,) = [{d}], got {_shape(named[name])}")
+
+    complex_state = A.is_complex()
+    for name, M in (("B", B), ("C", C)):
+        if M.is_complex() and not complex_state:
+            raise TypeError(f"{_OP}: {name} is complex ({M.dtype}) but A is real ({A.dtype}): "
+                            "a complex B or C needs a complex A")
+        if M.dim() == 2:
+            if M.shape != (d, n):
+                raise ValueError(f"{_OP}: a fixed {name} must have the shape of A (d, n) = {_shape(A)}, "
+                                 f"got {_shape(M)}")
+            continue
+        if M.dim() not in (3, 4):
+            raise ValueError(f"{_OP}: {name} must be (d, n), (batch, n, length) or (batch, groups, n, length), "
+                             f"got {M.dim()} dims, shape {_shape(M)}")
+        time_size = 2 * length if complex_state and not M.is_complex() else length
+        expected = [batch, n, time_size] if M.dim() == 3 else [batch, M.shape[1], n, time_size]
+        if list(M.shape) != expected:
+            layout = "(batch, n, length)" if M.dim() == 3 else "(batch, groups, n, length)"
+            pairs = (f", its last dim holding 2 * length = {2 * length} interleaved (real, imag) values as A is complex"
+                     if time_size != length else "")
+            raise ValueError(f"{_OP}: {name} must be {layout} = {expected}{pairs}, got {_shape(M)}")
+        if M.dim() == 4:
+            groups = M.shape[1]
+            if groups == 0 or d % groups != 0:
+                raise ValueError(f"{_OP}: the groups of {name} (its dim 1, {groups}) must divide d = {d}, "
+                                 f"got shape {_shape(M)}")
+    return batch, d, n, length

@@ -1,0 +1,320 @@
+"""linrec.selective_scan (Mamba's S6) against a float64 (complex128) step-by-step loop of Mamba's
+equations written here, independent of linrec: outputs, last state and the gradients of every
+argument, for real and complex A, every layout of B and C, the optional terms, 16-bit and float64
+arguments, odd lengths and strided views; and the errors bad arguments raise."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+
+import pytest
+import torch
+from helpers import assert_matches, random_values, wide
+
+import linrec
+import linrec._selective_scan
+
+BATCH, D_INNER, N_STATE, GROUPS = 2, 6, 3, 3
+
+
+def loop_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+    """Mamba's equations, one time step at a time, on float64 (complex128) tensors: (out, last state)."""
+    batch, d, length = u.shape
+    n = A.shape[1]
+    if delta_bias is not None:
+        delta = delta + delta_bias[:, None]
+    if delta_softplus:
+        delta = torch.log1p(torch.exp(delta))
+
+    def per_channel(M):
+        """B or C as a (batch, d, n, length) tensor: each channel's value at each step."""
+        if M.dim() == 2:
+            return M[None, :, :, None].expand(batch, d, n, length)
+        if A.is_complex() and not M.is_complex():  # (real, imag) pairs along the time dim
+            pairs = M.unflatten(-1, (length, 2))
+            M = torch.complex(pairs[..., 0], pairs[..., 1])
+        if M.dim() == 3:  # shared by the channels
+            return M[:, None].expand(batch, d, n, length)
+        group_of_channel = torch.arange(d) // (d // M.shape[1])
+        return M[:, group_of_channel]
+
+    B_t, C_t = per_channel(B), per_channel(C)
+    state = torch.zeros(batch, d, n, dtype=A.dtype)
+    ys = []
+    for t in range(length):
+        dt = delta[:, :, t, None]
+        state = torch.exp(dt * A) * state + dt * B_t[..., t] * u[:, :, t, None]
+        y = (state * C_t[..., t]).sum(-1)
+        ys.append(2 * y.real if A.is_complex() else y)
+    out = torch.stack(ys, dim=-1)
+    if D is not None:
+        out = out + u * D[:, None]
+    if z is not None:
+        out = out * z * torch.sigmoid(z)
+    return out, state
+
+
+def make_arguments(device, dtype, complex_A=False, B_layout="shared", C_layout="shared", length=33, D=True, z=True,
+                   delta_bias=True, delta_softplus=True, param_dtype=None, groups=GROUPS, batch=BATCH, d=D_INNER,
+                   n=N_STATE):
+    """Random arguments: u, delta, z, time-varying B and C in ``dtype``; A, D, delta_bias and fixed B and C in
+    ``param_dtype`` (complex when A is). Decaying states (Re A < 0, delta > 0), never zeros."""
+    param_dtype = param_dtype or dtype
+    complex_dtype = torch.complex128 if param_dtype == torch.float64 else torch.complex64
+    decay = -(0.5 + torch.rand(d, n, dtype=torch.float64))
+    A = torch.complex(decay, 3 * torch.randn(d, n, dtype=torch.float64)).to(complex_dtype) if complex_A else decay
+    if delta_softplus:  # softplus(-1 + N(0, 0.5^2)): about 0.3
+        delta = -1 + 0.5 * torch.randn(batch, d, length, dtype=torch.float64)
+    else:
+        delta = 0.05 + 0.5 * torch.rand(batch, d, length, dtype=torch.float64)
+
+    def projection(layout):
+        time_size = 2 * length if complex_A else length
+        if layout == "fixed":
+            return random_values((d, n), complex_dtype if complex_A else param_dtype, device)
+        if layout == "fixed-real":  # a real fixed B or C with a complex A
+            return random_values((d, n), param_dtype, device)
+        if layout == "shared":
+            return random_values((batch, n, time_size), dtype, device)
+        if layout == "grouped":
+            return random_values((batch, groups, n, time_size), dtype, device)
+        raise ValueError(layout)
+
+    arguments = dict(
+        u=random_values((batch, d, length), dtype, device),
+        delta=delta.to(dtype).to(device),
+        A=A.to(complex_dtype if complex_A else param_dtype).to(device),
+        B=projection(B_layout),
+        C=projection(C_layout),
+        D=random_values((d,), param_dtype, device) if D else None,
+        z=random_values((batch, d, length), dtype, device) if z else None,
+        delta_bias=(0.3 * random_values((d,), param_dtype, device)) if delta_bias else None,
+    )
+    return arguments, dict(delta_softplus=delta_softplus)
+
+
+def check_against_loop(arguments, options, out_dtype=None):
+    """Outputs, last state and every argument's gradient (autograd, both results) against the loop."""
+    leaves = {name: tensor.requires_grad_() for name, tensor in arguments.items() if tensor is not None}
+    out, last_state = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    u, A = arguments["u"], arguments["A"]
+    real_dtype = torch.float64 if any(t.dtype in (torch.float64, torch.complex128) for t in leaves.values()) else torch.float32
+    state_dtype = (torch.complex128 if real_dtype == torch.float64 else torch.complex64) if A.is_complex() else real_dtype
+    assert out.shape == u.shape and out.dtype == (out_dtype or u.dtype) and out.device == u.device
+    assert last_state.shape == (u.shape[0], u.shape[1], A.shape[1]) and last_state.dtype == state_dtype
+
+    wide_leaves = {name: wide(tensor).requires_grad_() for name, tensor in leaves.items()}
+    expected_out, expected_state = loop_reference(**wide_leaves, **options)
+    assert_matches(out, expected_out, out.dtype, "out")
+    assert_matches(last_state, expected_state, state_dtype, "last state")
+
+    d_out = random_values(out.shape, out.dtype, out.device)
+    d_state = random_values(last_state.shape, last_state.dtype, last_state.device)
+    grads = torch.autograd.grad((out, last_state), list(leaves.values()), (d_out, d_state))
+    expected = torch.autograd.grad((expected_out, expected_state), list(wide_leaves.values()), (wide(d_out), wide(d_state)))
+    for (name, leaf), grad, want in zip(leaves.items(), grads, expected):
+        assert grad.shape == leaf.shape and grad.dtype == leaf.dtype, name
+        assert_matches(grad, want, leaf.dtype, f"d_{name}")
+
+
+# (B, C): fixed, shared over the channels, per group of channels, and mixed
+LAYOUTS = [("fixed", "fixed"), ("shared", "shared"), ("grouped", "grouped"), ("shared", "grouped"), ("grouped", "fixed")]
+# (dtype of u, delta, z and time-varying B/C, dtype of A, D, delta_bias and fixed B/C): 16-bit
+# activations with float32 parameters, as Mamba trains
+DTYPES = [(torch.float32, torch.float32), (torch.float64, torch.float64), (torch.bfloat16, torch.float32)]
+
+
+@pytest.mark.parametrize("layouts", LAYOUTS, ids="-".join)
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+@pytest.mark.parametrize("dtypes", DTYPES, ids=lambda pair: str(pair[0]).removeprefix("torch."))
+def test_layouts_and_dtypes(device, seed, dtypes, complex_A, layouts):
+    arguments, options = make_arguments(device, dtypes[0], complex_A, *layouts, param_dtype=dtypes[1])
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("D, z, delta_bias, delta_softplus", list(itertools.product([False, True], repeat=4)),
+                         ids=lambda flag: "on" if flag else "off")
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_optional_terms(device, seed, complex_A, D, z, delta_bias, delta_softplus):
+    arguments, options = make_arguments(device, torch.float32, complex_A, "shared", "grouped", length=7, D=D, z=z,
+                                        delta_bias=delta_bias, delta_softplus=delta_softplus)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 33, 130])
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_lengths(device, seed, complex_A, length):
+    arguments, options = make_arguments(device, torch.float32, complex_A, "fixed", "shared", length=length)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("groups", [1, 2, D_INNER])
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_group_counts(device, seed, complex_A, groups):
+    """4-dim B and C of one group (all channels), of 2 and of one group per channel."""
+    arguments, options = make_arguments(device, torch.float32, complex_A, "grouped", "grouped", length=9, groups=groups)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_real_fixed_projections_with_complex_A(device, seed, complex_A):
+    """A real (d, n) B or C with a complex A is promoted to complex."""
+    arguments, options = make_arguments(device, torch.float32, True, "fixed-real", "fixed-real" if complex_A else "shared")
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_all_16_bit(device, seed, dtype, complex_A):
+    """Every real argument in a 16-bit type (A complex64 when complex): float32 state, output in u's dtype."""
+    arguments, options = make_arguments(device, dtype, complex_A, "grouped", "shared", length=17, param_dtype=dtype)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_strided_arguments(device, seed, complex_A):
+    """Transposed views, as Mamba's projections produce them: (batch, length, d) -> (batch, d, length)."""
+    length, time_size = 21, 42 if complex_A else 21
+    arguments, options = make_arguments(device, torch.float32, complex_A, "fixed", "fixed", length=length)
+    for name in ("u", "delta", "z"):
+        arguments[name] = arguments[name].transpose(1, 2).contiguous().transpose(1, 2)
+    arguments["A"] = arguments["A"].T.contiguous().T
+    arguments["B"] = random_values((BATCH, time_size, N_STATE), torch.float32, device).transpose(1, 2)
+    arguments["C"] = random_values((BATCH, time_size, 2 * GROUPS, N_STATE), torch.float32, device)[:, :, ::2].permute(0, 2, 3, 1)
+    assert not arguments["u"].is_contiguous() and not arguments["C"].is_contiguous()
+    check_against_loop(arguments, options)
+
+
+def test_complex_time_varying_projections_read_as_they_are(device, seed):
+    """With a complex A, a complex (batch, n, length) B equals the real form of (real, imag) pairs."""
+    arguments, options = make_arguments(device, torch.float64, True, "shared", "grouped", length=11)
+    pairs = {name: arguments[name].unflatten(-1, (11, 2)) for name in ("B", "C")}
+    complex_form = dict(arguments, B=torch.complex(pairs["B"][..., 0], pairs["B"][..., 1]),
+                        C=torch.complex(pairs["C"][..., 0], pairs["C"][..., 1]))
+    expected = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    actual = linrec.selective_scan(**complex_form, **options, return_last_state=True)
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    check_against_loop(complex_form, options)
+
+
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_results(device, seed, complex_A):
+    """Without return_last_state a tensor; the last state has its own memory; a length of 0 gives an empty
+    output and a zero state."""
+    arguments, options = make_arguments(device, torch.bfloat16, complex_A, "shared", "shared", length=5, param_dtype=torch.float32)
+    out = linrec.selective_scan(**arguments, **options)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.shape == (BATCH, D_INNER, 5)
+    _, last_state = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    assert last_state.is_contiguous() and last_state.untyped_storage().nbytes() == last_state.numel() * last_state.element_size()
+
+    empty, _ = make_arguments(device, torch.float32, complex_A, "shared", "grouped", length=0)
+    out, last_state = linrec.selective_scan(**empty, **options, return_last_state=True)
+    assert out.shape == (BATCH, D_INNER, 0)
+    assert last_state.shape == (BATCH, D_INNER, N_STATE) and not last_state.any()
+
+
+@pytest.mark.parametrize("backend", ["loop", "hop"])
+def test_reference_backends(device, seed, backend):
+    arguments, options = make_arguments(device, torch.float64, False, "shared", "grouped", length=13)
+    expected = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    actual = linrec.selective_scan(**arguments, **options, return_last_state=True, backend=backend)
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_docstring_example():
+    torch.manual_seed(0)
+    assert doctest.testmod(linrec._selective_scan, raise_on_error=True).attempted > 0
+
+
+def _bad(change):
+    """Valid arguments (real A, shared B and C, length 5), with ``change`` applied to them."""
+    def build():
+        arguments, options = make_arguments("cpu", torch.float32, False, "shared", "shared", length=5)
+        arguments.update(options)
+        change(arguments)
+        return arguments
+    return build
+
+
+def _complex_A(arguments):
+    arguments["A"] = arguments["A"].to(torch.complex64)
+
+
+def _set(name, value):
+    return lambda arguments: arguments.update({name: value(arguments) if callable(value) else value})
+
+
+L5, TWO_L = 5, 10
+ERRORS = [
+    ("u-not-3-dim", _set("u", lambda a: a["u"][0]), ValueError, r"u must be 3-dim \(batch, d, length\), got shape \[6, 5\]"),
+    ("u-not-a-tensor", _set("u", [1.0]), TypeError, "u must be a torch.Tensor, got list"),
+    ("u-integer", _set("u", lambda a: a["u"].long()), TypeError, "u must be a real floating-point tensor, got torch.int64"),
+    ("delta-shape", _set("delta", lambda a: a["delta"][:, :, :4]), ValueError,
+     r"delta must have the shape of u \(batch, d, length\) = \[2, 6, 5\], got \[2, 6, 4\]"),
+    ("z-shape", _set("z", lambda a: a["z"][:1]), ValueError, r"z must have the shape of u .* got \[1, 6, 5\]"),
+    ("delta-complex", _set("delta", lambda a: a["delta"].to(torch.complex64)), TypeError,
+     "delta must be a real floating-point tensor, got torch.complex64"),
+    ("A-not-2-dim", _set("A", lambda a: a["A"][0]), ValueError, r"A must be 2-dim \(d, n\) with d = 6 .* got shape \[3\]"),
+    ("A-d-mismatch", _set("A", lambda a: a["A"][:4]), ValueError, r"A must be 2-dim \(d, n\) with d = 6 .* got shape \[4, 3\]"),
+    ("B-5-dims", _set("B", lambda a: a["B"][:, None, None]), ValueError,
+     r"B must be \(d, n\), \(batch, n, length\) or \(batch, groups, n, length\), got 5 dims"),
+    ("C-1-dim", _set("C", lambda a: a["C"][0, 0]), ValueError, "C must be .* got 1 dims"),
+    ("B-fixed-shape", _set("B", lambda a: a["A"].new_ones(6, 4)), ValueError,
+     r"a fixed B must have the shape of A \(d, n\) = \[6, 3\], got \[6, 4\]"),
+    ("B-shared-n", _set("B", lambda a: a["B"][:, :2]), ValueError, r"B must be \(batch, n, length\) = \[2, 3, 5\], got \[2, 2, 5\]"),
+    ("C-shared-batch", _set("C", lambda a: a["C"][:1]), ValueError, r"C must be \(batch, n, length\) = \[2, 3, 5\], got \[1, 3, 5\]"),
+    ("C-shared-length", _set("C", lambda a: a["C"][..., :4]), ValueError, r"C must be \(batch, n, length\) = \[2, 3, 5\], got \[2, 3, 4\]"),
+    ("B-grouped-n", _set("B", lambda a: a["B"].new_ones(2, 3, 4, L5)), ValueError,
+     r"B must be \(batch, groups, n, length\) = \[2, 3, 3, 5\], got \[2, 3, 4, 5\]"),
+    ("B-groups-do-not-divide-d", _set("B", lambda a: a["B"].new_ones(2, 4, 3, L5)), ValueError,
+     r"the groups of B \(its dim 1, 4\) must divide d = 6"),
+    ("C-zero-groups", _set("C", lambda a: a["C"].new_ones(2, 0, 3, L5)), ValueError, r"the groups of C \(its dim 1, 0\) must divide d = 6"),
+    ("B-complex-real-A", _set("B", lambda a: a["B"].to(torch.complex64)), TypeError,
+     r"B is complex \(torch.complex64\) but A is real \(torch.float32\)"),
+    ("C-complex-fixed-real-A", _set("C", lambda a: torch.ones(6, 3, dtype=torch.complex64)), TypeError, "C is complex"),
+    ("B-not-interleaved-complex-A", _complex_A, ValueError,
+     r"B must be \(batch, n, length\) = \[2, 3, 10\], its last dim holding 2 \* length = 10 interleaved \(real, imag\) "
+     r"values as A is complex, got \[2, 3, 5\]"),
+    ("D-shape", _set("D", lambda a: a["D"][:5]), ValueError, r"D must have shape \(d,\) = \[6\], got \[5\]"),
+    ("D-2-dim", _set("D", lambda a: a["D"][:, None]), ValueError, r"D must have shape \(d,\) = \[6\], got \[6, 1\]"),
+    ("delta_bias-shape", _set("delta_bias", lambda a: a["delta_bias"].new_ones(2, 6)), ValueError,
+     r"delta_bias must have shape \(d,\) = \[6\], got \[2, 6\]"),
+    ("D-complex", _set("D", lambda a: a["D"].to(torch.complex64)), TypeError, "D must be a real floating-point tensor"),
+    ("A-integer", _set("A", lambda a: a["A"].long()), TypeError, "A must be a real or complex floating-point tensor, got torch.int64"),
+    ("B-none", _set("B", None), TypeError, "B must be a torch.Tensor, got None"),
+    ("delta_softplus-not-bool", _set("delta_softplus", 1), TypeError, "delta_softplus must be a bool, got int"),
+    ("return_last_state-not-bool", _set("return_last_state", "yes"), TypeError, "return_last_state must be a bool, got str"),
+    ("A-on-meta", _set("A", lambda a: a["A"].to("meta")), ValueError, r"A must be on the device of u \(cpu\), got meta"),
+    ("z-on-meta", _set("z", lambda a: a["z"].to("meta")), ValueError, r"z must be on the device of u \(cpu\), got meta"),
+]
+
+
+@pytest.mark.parametrize("change, error, match", [case[1:] for case in ERRORS], ids=[case[0] for case in ERRORS])
+def test_bad_arguments(seed, change, error, match):
+    arguments = _bad(change)()
+    with pytest.raises(error, match=match) as raised:
+        linrec.selective_scan(**arguments)
+    assert str(raised.value).startswith("selective_scan: ")
+
+
+def test_interleaved_complex_A_needs_twice_the_length(seed):
+    """With a complex A, the real (batch, n, 2 * length) form is accepted and (batch, n, length) is not."""
+    arguments, options = make_arguments("cpu", torch.float32, True, "shared", "grouped", length=L5)
+    assert arguments["B"].shape[-1] == TWO_L
+    linrec.selective_scan(**arguments, **options)
+    arguments["C"] = arguments["C"][..., :L5]
+    with pytest.raises(ValueError, match=r"C must be \(batch, groups, n, length\) = \[2, 3, 3, 10\], its last dim holding"):
+        linrec.selective_scan(**arguments, **options)
+
+
+def test_devices_must_match(device, seed):
+    """On cuda: an argument left on the CPU is named (on the CPU alone: the meta cases above)."""
+    if device == "cpu":
+        pytest.skip("needs a second device")
+    arguments, options = make_arguments(device, torch.float32, False, "shared", "shared", length=5)
+    arguments["delta_bias"] = arguments["delta_bias"].cpu()
+    with pytest.raises(ValueError, match=r"delta_bias must be on the device of u \(cuda:0\), got cpu"):
+        linrec.selective_scan(**arguments, **options)
