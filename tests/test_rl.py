@@ -320,8 +320,6 @@ VALUES = torch.zeros(6, 3)
     (lambda: discounted_returns(REWARDS, float("nan")), r"gamma must be in \[0, 1\], got nan"),
     (lambda: gae(REWARDS, VALUES, None, 0.99, 1.01), r"lam must be in \[0, 1\], got 1.01"),
     (lambda: gae(REWARDS, VALUES, None, 2, 0.9), r"gamma must be in \[0, 1\], got 2.0"),
-    (lambda: discounted_returns(REWARDS, 0.9, dim=2), r"dim must be in \[-2, 1\] for rewards of shape \(5, 3\), got 2"),
-    (lambda: gae(REWARDS, VALUES, None, 0.9, 0.9, dim=-3), r"dim must be in \[-2, 1\] .* got -3"),
     (lambda: discounted_returns(REWARDS, 0.9, torch.zeros(6, 3, dtype=torch.bool)),
      r"dones must have the shape of rewards \(5, 3\) or one broadcastable to it, got \(6, 3\)"),
     (lambda: gae(REWARDS, VALUES, torch.zeros(5, dtype=torch.bool), 0.9, 0.9),
@@ -341,6 +339,16 @@ VALUES = torch.zeros(6, 3)
 ])
 def test_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: discounted_returns(REWARDS, 0.9, dim=2), r"dim must be in \[-2, 1\] for a 2-dim tensor, got 2"),
+    (lambda: gae(REWARDS, VALUES, None, 0.9, 0.9, dim=-3), r"dim must be in \[-2, 1\] .* got -3"),
+])
+def test_dim_out_of_range(call, match):
+    """As linrec.linrec: IndexError."""
+    with pytest.raises(IndexError, match=match):
         call()
 
 

@@ -21,7 +21,7 @@ from ._runtime import build_info, cuda_driver_version, cuda_problem
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
 from ._selective_scan import selective_scan
-from . import nn, rl  # noqa: E402  (they call linrec, defined below, at run time only)
+from . import nn, rl  # they call linrec.linrec, defined below, at run time only
 
 #: Every value ``backend`` accepts: the compiled kernels ("auto") and the pure-PyTorch references.
 BACKENDS = ("auto", *REFERENCES)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._checks import normalize_dim
 import linrec as _package  # the package, being initialized: linrec.linrec is looked up at call time
 
 __all__ = ["GAE", "discounted_returns", "gae"]
@@ -74,8 +75,8 @@ def discounted_returns(
         The returns, of ``rewards``' shape and dtype.
 
     Raises:
-        ValueError: a shape that does not match, ``gamma`` outside [0, 1], ``dim`` out of range, or a
-            tensor on another device. TypeError: an argument of the wrong type or dtype.
+        ValueError: a shape that does not match, ``gamma`` outside [0, 1], or a tensor on another
+            device. IndexError: ``dim`` out of range. TypeError: an argument of the wrong type or dtype.
 
     Example:
         >>> rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0]])           # (envs, time)
@@ -137,8 +138,8 @@ def gae(
 
     Raises:
         ValueError: a shape that does not match (``values``' length included), ``gamma`` or ``lam``
-            outside [0, 1], ``dim`` out of range, or a tensor on another device. TypeError: an
-            argument of the wrong type or dtype.
+            outside [0, 1], or a tensor on another device. IndexError: ``dim`` out of range.
+            TypeError: an argument of the wrong type or dtype.
 
     Example:
         >>> rewards = torch.tensor([[1.0], [0.0], [1.0]])            # (time, envs): T = 3, one env
@@ -206,14 +207,7 @@ def _check_device(op: str, name: str, tensor: torch.Tensor, rewards: torch.Tenso
 def _time_dim(op: str, dim: object, rewards: torch.Tensor) -> int:
     if rewards.dim() == 0:
         raise ValueError(f"{op}: rewards must have a time dim, got a 0-dim tensor")
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
-    ndim = rewards.dim()
-    if not -ndim <= dim < ndim:
-        raise ValueError(
-            f"{op}: dim must be in [{-ndim}, {ndim - 1}] for rewards of shape {_shape(rewards.shape)}, got {dim}"
-        )
-    return dim % ndim
+    return normalize_dim(op, dim, rewards.dim())
 
 
 def _discount(op: str, name: str, value: object, rewards: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
