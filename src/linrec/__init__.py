@@ -14,17 +14,19 @@ from functools import cache
 import torch
 
 from . import _ops
-from ._autograd import apply_forward, direct
+from ._autograd import COMPILED, TRITON, Kernels, apply_forward, direct
 from ._checks import check_arguments, check_bool, check_cu_seqlens_values
 from ._ops import HAS_CUDA_KERNELS
 from ._runtime import build_info, cuda_driver_version, cuda_problem
+from ._triton import missing as _triton_missing
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
 from ._selective_scan import selective_scan
 from . import nn, rl  # they call linrec.linrec, defined below, at run time only
 
-#: Every value ``backend`` accepts: the compiled kernels ("auto") and the pure-PyTorch references.
-BACKENDS = ("auto", *REFERENCES)
+#: Every value ``backend`` accepts: the compiled kernels ("auto"), the Triton kernels and the pure-PyTorch
+#: references.
+BACKENDS = ("auto", "triton", *REFERENCES)
 
 __all__ = [
     "BACKENDS",
@@ -53,12 +55,47 @@ def _check_kernel_device(inputs: torch.Tensor) -> None:
     if inputs.is_cuda and not HAS_CUDA_KERNELS:
         raise RuntimeError(
             "linrec: this build has no CUDA kernels (it was built without nvcc, with LINREC_NO_CUDA, or torch "
-            "has no CUDA); reinstall linrec with CUDA, or pass backend='hop'"
+            "has no CUDA); reinstall linrec with CUDA, install triton (backend='auto' then runs the Triton "
+            "kernels), or pass backend='hop'"
         )
     if inputs.is_cuda and not torch.compiler.is_compiling():
         problem = _cuda_problem(inputs.device.index if inputs.device.index is not None else torch.cuda.current_device())
         if problem is not None:
             raise RuntimeError(f"linrec: {problem} (python -m linrec.info prints the build and this machine)")
+
+
+def _check_triton_device(inputs: torch.Tensor) -> None:
+    problem = _triton_missing()
+    if problem is not None:
+        raise RuntimeError(problem)
+    if inputs.is_complex():
+        raise TypeError(
+            f"linrec: backend='triton' takes float32, float64, float16 or bfloat16, got {inputs.dtype}; "
+            "complex recurrences run on backend='auto'"
+        )
+    if not (inputs.is_cuda or inputs.is_cpu or inputs.is_meta):
+        raise ValueError(f"linrec: backend='triton' runs on GPU tensors (CUDA or ROCm), got {inputs.device}")
+
+
+def _auto_runs_triton(inputs: torch.Tensor) -> bool:
+    """Whether backend='auto' takes the Triton kernels: for real GPU tensors where the compiled CUDA kernels
+    cannot run (no CUDA kernels in this build, ROCm, a GPU the build has no code for) and triton is installed."""
+    if not inputs.is_cuda or inputs.is_complex():
+        return False
+    if HAS_CUDA_KERNELS and (torch.compiler.is_compiling() or _cuda_problem(inputs.device.index) is None):
+        return False
+    return _triton_missing() is None
+
+
+def _kernels(backend: str, inputs: torch.Tensor) -> Kernels:
+    """The op family a backend runs on these inputs; raises where it cannot run them."""
+    if backend == "triton":
+        _check_triton_device(inputs)
+        return TRITON
+    if _auto_runs_triton(inputs):
+        return TRITON
+    _check_kernel_device(inputs)
+    return COMPILED
 
 
 @cache
@@ -105,8 +142,11 @@ def linrec(
             offsets are checked on the host (one small copy from the GPU) outside ``torch.compile``.
         log_coeffs: ``coeffs`` hold ``log c`` (real types only), as log-space gates produce them; the
             kernels exponentiate, and the gradient is with respect to the log coefficients.
-        backend: ``"auto"`` for the compiled CPU/CUDA kernels, or a reference implementation by name:
-            ``"loop"``, ``"hop"`` (torch's associative_scan) or ``"heinsen"`` (log space).
+        backend: ``"auto"`` for the compiled CPU/CUDA kernels (the Triton kernels on a GPU they do not run on,
+            where triton is installed: ROCm, an architecture the build has no code for, a CPU-only build);
+            ``"triton"`` for the Triton kernels (real dtypes; on the CPU under ``TRITON_INTERPRET=1``); or a
+            reference implementation by name: ``"loop"``, ``"hop"`` (torch's associative_scan) or
+            ``"heinsen"`` (log space).
 
     Returns:
         outputs, with the shape, dtype and device of ``inputs``.
@@ -126,13 +166,12 @@ def linrec(
         # checks run when the call fails, so that a bad argument raises the API's exception and message (the
         # same on every torch version) rather than the op's.
         try:
-            if not inputs.is_cpu:
-                _check_kernel_device(inputs)
-            return apply_forward(inputs, coeffs, dim, reverse, initial, None, log_coeffs)
+            kernels = COMPILED if inputs.is_cpu else _kernels(backend, inputs)
+            return apply_forward(kernels, inputs, coeffs, dim, reverse, initial, None, log_coeffs)
         except Exception:
             try:
                 check_arguments("linrec", inputs, coeffs, dim, initial, None, log_coeffs)
-                _check_kernel_device(inputs)
+                _kernels(backend, inputs)
             except (TypeError, ValueError, IndexError, RuntimeError) as error:
                 raise error from None
             raise
@@ -140,9 +179,11 @@ def linrec(
     check_bool("linrec", "reverse", reverse)
     if cu_seqlens is not None and not torch.compiler.is_compiling():
         check_cu_seqlens_values("linrec", cu_seqlens, inputs.shape[dim])
-    if backend == "auto":
-        _check_kernel_device(inputs)
-        return torch.ops.linrec.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+    if backend in ("auto", "triton"):
+        kernels = _kernels(backend, inputs)
+        if direct((inputs, coeffs, initial, cu_seqlens)):
+            return apply_forward(kernels, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+        return kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
     if backend in REFERENCES:
         return linrec_reference(REFERENCES[backend], inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
     raise ValueError(f"linrec: backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")

@@ -1,6 +1,8 @@
 """Derivatives of the two ops, registered as their Autograd kernels: reverse mode (``backward``) and
 forward mode (``jvp``) of ``linrec::forward`` and of ``linrec::backward``, so that every order of
-derivative, ``torch.func`` transform and ``torch.compile`` reaches the same formulas.
+derivative, ``torch.func`` transform and ``torch.compile`` reaches the same formulas. The Triton
+family (``linrec::triton_forward``, ``linrec::triton_backward``) gets the same kernels, each formula
+calling the ops of the family it differentiates.
 
 Notation: the forward op computes ``y[l] = c[l] * y[l-1] + x[l]`` from ``y[-1] = h`` (the initial state;
 without one, ``y[0] = x[0]``), ``prev(v)`` is ``v`` one step back along the scan within each sequence
@@ -30,6 +32,7 @@ tangents directional derivatives), which gradcheck and gradgradcheck verify.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 from torch._C._functorch import TransformType, get_interpreter_stack, peek_interpreter_stack
@@ -42,9 +45,20 @@ from torch.overrides import has_torch_function
 from ._steps import first_step, next_step, previous_step
 
 _LIBRARY = torch.library.Library("linrec", "IMPL")
-# The overloads themselves: calling them skips the packet's overload resolution on every call.
-_FORWARD = torch.ops.linrec.forward.default
-_BACKWARD = torch.ops.linrec.backward.default
+
+
+class Kernels(NamedTuple):
+    """One family of the two ops: the derivatives of each op are formed from the ops of its own family.
+    The overloads themselves: calling them skips the packet's overload resolution on every call."""
+
+    forward: torch._ops.OpOverload
+    backward: torch._ops.OpOverload
+
+
+#: linrec::forward and linrec::backward, the compiled CPU and CUDA kernels.
+COMPILED = Kernels(torch.ops.linrec.forward.default, torch.ops.linrec.backward.default)
+#: linrec::triton_forward and linrec::triton_backward.
+TRITON = Kernels(torch.ops.linrec.triton_forward.default, torch.ops.linrec.triton_backward.default)
 # The dispatch keys after Autograd, to which torch.library.register_autograd's kernels also redispatch.
 _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
@@ -126,30 +140,28 @@ def _reduce_to(gradient: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 class _Forward(_SingleLevelFunction):
-    """linrec::forward as (inputs, coeffs, initial, cu_seqlens, options) -> outputs, with the op's other
-    arguments in one tuple, options = (dim, reverse, log_coeffs, threads_per_sequence, vectors_per_thread):
-    each argument of a Function costs its apply and its backward node time, about 0.2 us."""
+    """A forward op as (inputs, coeffs, initial, cu_seqlens, options) -> outputs, with the op's family and its
+    other arguments in one tuple, options = (kernels, dim, reverse, log_coeffs, config, config): each argument
+    of a Function costs its apply and its backward node time, about 0.2 us."""
 
     @staticmethod
     def forward(ctx, inputs, coeffs, initial, cu_seqlens, options):
-        dim, reverse, log_coeffs, threads_per_sequence, vectors_per_thread = options
+        kernels, dim, reverse, log_coeffs, *config = options
         with _below_this_level():
-            outputs = _FORWARD(
-                inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread
-            )
+            outputs = kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, *config)
         ctx.save_for_backward(coeffs, outputs, initial, cu_seqlens)
         if not _plain_autograd():  # jvp runs under forward-mode AD only
             ctx.save_for_forward(coeffs, outputs, initial, cu_seqlens)
         # One attribute: each costs the call about 0.15 us. The forced kernel config, if any, is the forward's alone.
-        ctx.options = dim % outputs.dim(), reverse, log_coeffs
+        ctx.options = kernels, dim % outputs.dim(), reverse, log_coeffs
         return outputs
 
     @staticmethod
     def backward(ctx, d_outputs):
         coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
-        dim, reverse, log_coeffs = ctx.options
+        kernels, dim, reverse, log_coeffs = ctx.options
         d_inputs, d_coeffs, d_initial = _call_backward(
-            d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
+            kernels, d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
         )
         d_initial = d_initial if initial is not None else None
         return d_inputs, d_coeffs, d_initial, None, None
@@ -158,30 +170,29 @@ class _Forward(_SingleLevelFunction):
     def jvp(ctx, t_inputs, t_coeffs, t_initial, _t_cu_seqlens, _options):
         _check_single_forward_mode_level()
         coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
-        dim, reverse, log_coeffs = ctx.options
+        kernels, dim, reverse, log_coeffs = ctx.options
         driving = t_inputs
         if t_coeffs is not None:
             t_coeff_values = _times_c_in_log_space(t_coeffs, coeffs, log_coeffs)
             driving = _add(driving, t_coeff_values * previous_step(outputs, initial, dim, reverse, cu_seqlens))
-        return _call_forward(_full(driving, outputs), coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
+        return _call_forward(kernels, _full(driving, outputs), coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
 
 
 class _Backward(_SingleLevelFunction):
-    """linrec::backward as (d_outputs, coeffs, outputs, initial, cu_seqlens, options) -> (d_inputs, d_coeffs
+    """A backward op as (d_outputs, coeffs, outputs, initial, cu_seqlens, options) -> (d_inputs, d_coeffs
     in coeffs' shape, d_initial), options as ``_Forward``'s."""
 
     @staticmethod
     def forward(ctx, d_outputs, coeffs, outputs, initial, cu_seqlens, options):
-        dim, reverse, log_coeffs, threads_per_sequence, vectors_per_thread = options
+        kernels, dim, reverse, log_coeffs, *config = options
         with _below_this_level():
-            d_inputs, d_coeffs, d_initial = _BACKWARD(
-                d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, threads_per_sequence,
-                vectors_per_thread,
+            d_inputs, d_coeffs, d_initial = kernels.backward(
+                d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, *config
             )
         ctx.save_for_backward(d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs)
         if not _plain_autograd():  # jvp runs under forward-mode AD only
             ctx.save_for_forward(d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs)
-        ctx.options = dim % outputs.dim(), reverse, log_coeffs
+        ctx.options = kernels, dim % outputs.dim(), reverse, log_coeffs
         ctx.set_materialize_grads(False)
         if initial is None:
             ctx.mark_non_differentiable(d_initial)  # the empty placeholder
@@ -190,7 +201,7 @@ class _Backward(_SingleLevelFunction):
     @staticmethod
     def backward(ctx, v_inputs, v_coeffs, v_initial):
         d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
-        dim, reverse, log_coeffs = ctx.options
+        kernels, dim, reverse, log_coeffs = ctx.options
         # The cotangent reaching dx: its own, and dc's and dh's through their factors of dx.
         v_total = v_inputs
         grad_outputs = grad_initial = None
@@ -205,11 +216,11 @@ class _Backward(_SingleLevelFunction):
         grad_d_outputs = grad_coeffs = None
         if v_total is not None or v_initial is not None:
             grad_d_outputs = _call_forward(
-                _full(v_total, outputs), coeffs, dim, reverse, v_initial, cu_seqlens, log_coeffs
+                kernels, _full(v_total, outputs), coeffs, dim, reverse, v_initial, cu_seqlens, log_coeffs
             )
             # dx * conj(prev(z)) with w at each first step: the backward op computes it, dx again included.
             grad_coeffs = _call_backward(
-                d_outputs, coeffs, grad_d_outputs, dim, reverse, v_initial, cu_seqlens, log_coeffs
+                kernels, d_outputs, coeffs, grad_d_outputs, dim, reverse, v_initial, cu_seqlens, log_coeffs
             )[1]
         if log_coeffs and v_coeffs is not None:
             grad_coeffs = _add(grad_coeffs, v_coeffs * d_coeffs)  # dc's own factor c = exp(log c)
@@ -219,7 +230,7 @@ class _Backward(_SingleLevelFunction):
     def jvp(ctx, t_d_outputs, t_coeffs, t_outputs, t_initial, _t_cu_seqlens, _options):
         _check_single_forward_mode_level()
         d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
-        dim, reverse, log_coeffs = ctx.options
+        kernels, dim, reverse, log_coeffs = ctx.options
         # dx[l] = g[l] + conj(c[next]) * dx[next]: a tangent of c drives the scan like a tangent of g.
         driving = t_d_outputs
         coeff_term = None
@@ -227,7 +238,7 @@ class _Backward(_SingleLevelFunction):
             coeff_term = _times_c_in_log_space(t_coeffs, coeffs, log_coeffs).conj() * d_inputs
             driving = _add(driving, next_step(coeff_term, dim, reverse, cu_seqlens))
         t_d_inputs, t_d_coeffs, t_d_initial = _call_backward(
-            _full(driving, outputs), coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
+            kernels, _full(driving, outputs), coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs
         )
         if t_outputs is not None or t_initial is not None:
             t_previous = previous_step(_full(t_outputs, outputs), t_initial, dim, reverse, cu_seqlens)
@@ -242,61 +253,67 @@ class _Backward(_SingleLevelFunction):
         return t_d_inputs, t_d_coeffs, t_d_initial
 
 
-def apply_forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int, reverse: bool, initial: torch.Tensor | None,
-                  cu_seqlens: torch.Tensor | None, log_coeffs: bool) -> torch.Tensor:
+def apply_forward(kernels: Kernels, inputs: torch.Tensor, coeffs: torch.Tensor, dim: int, reverse: bool,
+                  initial: torch.Tensor | None, cu_seqlens: torch.Tensor | None, log_coeffs: bool) -> torch.Tensor:
     """What the forward op's Autograd kernel does with a call at the plain autograd level (where ``direct``
     holds), without the dispatcher's call into Python to reach it (about 3 us): applies the Function
     where the call records a node, else runs the kernels below the Autograd key."""
     if _records((inputs, coeffs, initial)):
-        return _Forward.apply(inputs, coeffs, initial, cu_seqlens, (dim, reverse, log_coeffs, 0, 0))
+        return _Forward.apply(inputs, coeffs, initial, cu_seqlens, (kernels, dim, reverse, log_coeffs, 0, 0))
     with torch._C._AutoDispatchBelowAutograd():
-        return _FORWARD(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+        return kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
 
 
-def _call_forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs):
+def _call_forward(kernels, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs):
     """The forward op, as the derivative formulas call it."""
     if direct((inputs, coeffs, initial, cu_seqlens)):
-        return apply_forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
-    return _FORWARD(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+        return apply_forward(kernels, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+    return kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
 
 
-def _call_backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs):
+def _call_backward(kernels, d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs):
     """The backward op, as the derivative formulas call it (doing its Autograd kernel's work as
     ``apply_forward`` does the forward op's)."""
     if not direct((d_outputs, coeffs, outputs, initial, cu_seqlens)):
-        return _BACKWARD(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs)
+        return kernels.backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs)
     if _records((d_outputs, coeffs, outputs, initial)):
-        return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, (dim, reverse, log_coeffs, 0, 0))
-    with torch._C._AutoDispatchBelowAutograd():
-        return _BACKWARD(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs)
-
-
-def _forward_autograd(keyset, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
-                      threads_per_sequence=0, vectors_per_thread=0):
-    options = (dim, reverse, log_coeffs, threads_per_sequence, vectors_per_thread)
-    if not _plain_autograd():
-        with enable_single_level_autograd_function():
-            return _Forward.apply(inputs, coeffs, initial, cu_seqlens, options)
-    if _records((inputs, coeffs, initial)):
-        return _Forward.apply(inputs, coeffs, initial, cu_seqlens, options)
-    return _FORWARD.redispatch(keyset & _BELOW_AUTOGRAD, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs,
-                               threads_per_sequence, vectors_per_thread)
-
-
-def _backward_autograd(keyset, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
-                       log_coeffs=False, threads_per_sequence=0, vectors_per_thread=0):
-    options = (dim, reverse, log_coeffs, threads_per_sequence, vectors_per_thread)
-    if not _plain_autograd():
-        with enable_single_level_autograd_function():
-            return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, options)
-    if _records((d_outputs, coeffs, outputs, initial)):
+        options = (kernels, dim, reverse, log_coeffs, 0, 0)
         return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, options)
-    return _BACKWARD.redispatch(keyset & _BELOW_AUTOGRAD, d_outputs, coeffs, outputs, dim, reverse, initial,
-                                cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread)
+    with torch._C._AutoDispatchBelowAutograd():
+        return kernels.backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs)
 
 
-# Registered on the Autograd key rather than through torch.library.register_autograd, whose generated
-# Function has neither a jvp (forward-mode tangents were dropped) nor a setup_context (torch.func refused
-# it); torch.compile still sees the op itself, not these Functions.
-_LIBRARY.impl("forward", _forward_autograd, "Autograd", with_keyset=True)
-_LIBRARY.impl("backward", _backward_autograd, "Autograd", with_keyset=True)
+def _register_autograd(kernels: Kernels) -> None:
+    """Registers the Autograd kernels of one family's two ops."""
+
+    def forward_autograd(keyset, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                         log_coeffs=False, *config):
+        options = (kernels, dim, reverse, log_coeffs, *(config or (0, 0)))
+        if not _plain_autograd():
+            with enable_single_level_autograd_function():
+                return _Forward.apply(inputs, coeffs, initial, cu_seqlens, options)
+        if _records((inputs, coeffs, initial)):
+            return _Forward.apply(inputs, coeffs, initial, cu_seqlens, options)
+        return kernels.forward.redispatch(keyset & _BELOW_AUTOGRAD, inputs, coeffs, dim, reverse, initial,
+                                          cu_seqlens, log_coeffs, *options[4:])
+
+    def backward_autograd(keyset, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                          log_coeffs=False, *config):
+        options = (kernels, dim, reverse, log_coeffs, *(config or (0, 0)))
+        if not _plain_autograd():
+            with enable_single_level_autograd_function():
+                return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, options)
+        if _records((d_outputs, coeffs, outputs, initial)):
+            return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, options)
+        return kernels.backward.redispatch(keyset & _BELOW_AUTOGRAD, d_outputs, coeffs, outputs, dim, reverse,
+                                           initial, cu_seqlens, log_coeffs, *options[4:])
+
+    # Registered on the Autograd key rather than through torch.library.register_autograd, whose generated
+    # Function has neither a jvp (forward-mode tangents were dropped) nor a setup_context (torch.func refused
+    # it); torch.compile still sees the op itself, not these Functions.
+    _LIBRARY.impl(kernels.forward.name().split("::")[1], forward_autograd, "Autograd", with_keyset=True)
+    _LIBRARY.impl(kernels.backward.name().split("::")[1], backward_autograd, "Autograd", with_keyset=True)
+
+
+for _kernels in (COMPILED, TRITON):
+    _register_autograd(_kernels)

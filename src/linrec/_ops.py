@@ -7,6 +7,10 @@ torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_
     -> (d_inputs, d_coeffs, d_initial)
 Schemas and semantics are declared in csrc/kernels/schemas.cpp. The two config ints force a CUDA
 kernel configuration (tuning, experiments); 0 and 0 choose one per shape.
+
+torch.ops.linrec.triton_forward and torch.ops.linrec.triton_backward are the same ops run by the Triton
+kernels (_triton/), declared here with the same arguments; their two config ints force a tile
+(block_length, block_channels). triton is imported at their first call, not here.
 """
 
 from __future__ import annotations
@@ -51,7 +55,44 @@ if HAS_CUDA_KERNELS:
         ) from error
 
 
-@torch.library.register_fake("linrec::forward")
+_TRITON_LIBRARY = torch.library.Library("linrec", "FRAGMENT")
+_CONFIG_ARGUMENTS = "int block_length=0, int block_channels=0"
+_TRITON_LIBRARY.define(
+    "triton_forward(Tensor inputs, Tensor coeffs, int dim=-1, bool reverse=False, Tensor? initial=None, "
+    f"Tensor? cu_seqlens=None, bool log_coeffs=False, {_CONFIG_ARGUMENTS}) -> Tensor"
+)
+_TRITON_LIBRARY.define(
+    "triton_backward(Tensor d_outputs, Tensor coeffs, Tensor outputs, int dim=-1, bool reverse=False, "
+    f"Tensor? initial=None, Tensor? cu_seqlens=None, bool log_coeffs=False, {_CONFIG_ARGUMENTS}) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+
+
+def _triton_launch():
+    from ._triton import missing
+
+    problem = missing()
+    if problem is not None:
+        raise RuntimeError(problem)
+    from ._triton import launch
+
+    return launch
+
+
+def _triton_forward(*args, **kwargs) -> torch.Tensor:
+    return _triton_launch().forward(*args, **kwargs)
+
+
+def _triton_backward(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _triton_launch().backward(*args, **kwargs)
+
+
+# CPU tensors run on Triton's interpreter only; launch.py says so where it is not on.
+for _key in ("CPU", "CUDA"):
+    _TRITON_LIBRARY.impl("triton_forward", _triton_forward, _key)
+    _TRITON_LIBRARY.impl("triton_backward", _triton_backward, _key)
+
+
 def _forward_fake(
     inputs: torch.Tensor,
     coeffs: torch.Tensor,
@@ -67,7 +108,6 @@ def _forward_fake(
     return torch.empty_like(inputs)  # as the C++ op allocates: inputs' strides where inputs are dense
 
 
-@torch.library.register_fake("linrec::backward")
 def _backward_fake(
     d_outputs: torch.Tensor,
     coeffs: torch.Tensor,
@@ -85,6 +125,12 @@ def _backward_fake(
     # As the C++ op allocates: d_coeffs in coeffs' shape, laid out like outputs where the shapes agree.
     d_coeffs = torch.empty_like(outputs) if coeffs.shape == outputs.shape else coeffs.new_empty(coeffs.shape)
     return torch.empty_like(outputs), d_coeffs, d_outputs.new_zeros(d_initial_shape)
+
+
+# The config ints differ in meaning between the two families, not in the results' shapes.
+for _prefix in ("", "triton_"):
+    torch.library.register_fake(f"linrec::{_prefix}forward", _forward_fake)
+    torch.library.register_fake(f"linrec::{_prefix}backward", _backward_fake)
 
 
 # The derivatives (Autograd kernels) and the batching rules, registered on the ops loaded above.

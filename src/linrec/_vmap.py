@@ -57,36 +57,42 @@ def _in_dims(in_dims, count: int) -> tuple:
     return (*in_dims, *[None] * (count - len(in_dims)))
 
 
-@torch.library.register_vmap("linrec::forward")
-def _forward_vmap(info, in_dims, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
-                  log_coeffs=False, threads_per_sequence=0, vectors_per_thread=0):
-    inputs_bdim, coeffs_bdim, _, _, initial_bdim, cu_seqlens_bdim, *_ = _in_dims(in_dims, 9)
-    ndim = inputs.dim() - (inputs_bdim is not None)
-    position, time_dim = _placement("linrec.forward", ndim, dim, cu_seqlens, cu_seqlens_bdim)
-    size = info.batch_size
-    outputs = torch.ops.linrec.forward(
-        _batched(inputs, inputs_bdim, size, position), _batched_coeffs(coeffs, coeffs_bdim, ndim, position), time_dim,
-        reverse, _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs, threads_per_sequence,
-        vectors_per_thread,
-    )
-    return outputs, position
+def _register_vmap(forward: torch._ops.OpOverload, backward: torch._ops.OpOverload) -> None:
+    """Registers the batching rules of one family's two ops."""
+
+    def forward_vmap(info, in_dims, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                     log_coeffs=False, *config):
+        inputs_bdim, coeffs_bdim, _, _, initial_bdim, cu_seqlens_bdim, *_ = _in_dims(in_dims, 9)
+        ndim = inputs.dim() - (inputs_bdim is not None)
+        position, time_dim = _placement("linrec.forward", ndim, dim, cu_seqlens, cu_seqlens_bdim)
+        size = info.batch_size
+        outputs = forward(
+            _batched(inputs, inputs_bdim, size, position), _batched_coeffs(coeffs, coeffs_bdim, ndim, position),
+            time_dim, reverse, _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs, *config,
+        )
+        return outputs, position
+
+    def backward_vmap(info, in_dims, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                      log_coeffs=False, *config):
+        d_outputs_bdim, coeffs_bdim, outputs_bdim, _, _, initial_bdim, cu_seqlens_bdim, *_ = _in_dims(in_dims, 10)
+        ndim = d_outputs.dim() - (d_outputs_bdim is not None)
+        position, time_dim = _placement("linrec.backward", ndim, dim, cu_seqlens, cu_seqlens_bdim)
+        size = info.batch_size
+        d_inputs, d_coeffs, d_initial = backward(
+            _batched(d_outputs, d_outputs_bdim, size, position),
+            _coeffs_per_sample(coeffs, coeffs_bdim, ndim, position, size),
+            _batched(outputs, outputs_bdim, size, position), time_dim, reverse,
+            _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs, *config,
+        )
+        # d_coeffs has the batched coeffs' shape: a sample's is coeffs' own, without the size-1 dims added above.
+        sample_shape = coeffs.shape if coeffs_bdim is None else coeffs.movedim(coeffs_bdim, 0).shape[1:]
+        d_coeffs = d_coeffs.movedim(position, 0).reshape(size, *sample_shape)
+        # Without an initial state, d_initial is an empty placeholder, the same for every vmapped call.
+        return (d_inputs, d_coeffs, d_initial), (position, 0, position if initial is not None else None)
+
+    torch.library.register_vmap(forward.name(), forward_vmap)
+    torch.library.register_vmap(backward.name(), backward_vmap)
 
 
-@torch.library.register_vmap("linrec::backward")
-def _backward_vmap(info, in_dims, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
-                   log_coeffs=False, threads_per_sequence=0, vectors_per_thread=0):
-    d_outputs_bdim, coeffs_bdim, outputs_bdim, _, _, initial_bdim, cu_seqlens_bdim, *_ = _in_dims(in_dims, 10)
-    ndim = d_outputs.dim() - (d_outputs_bdim is not None)
-    position, time_dim = _placement("linrec.backward", ndim, dim, cu_seqlens, cu_seqlens_bdim)
-    size = info.batch_size
-    d_inputs, d_coeffs, d_initial = torch.ops.linrec.backward(
-        _batched(d_outputs, d_outputs_bdim, size, position),
-        _coeffs_per_sample(coeffs, coeffs_bdim, ndim, position, size), _batched(outputs, outputs_bdim, size, position),
-        time_dim, reverse, _batched(initial, initial_bdim, size, position), cu_seqlens, log_coeffs,
-        threads_per_sequence, vectors_per_thread,
-    )
-    # d_coeffs has the batched coeffs' shape: a sample's is coeffs' own, without the size-1 dims added above.
-    sample_shape = coeffs.shape if coeffs_bdim is None else coeffs.movedim(coeffs_bdim, 0).shape[1:]
-    d_coeffs = d_coeffs.movedim(position, 0).reshape(size, *sample_shape)
-    # Without an initial state, d_initial is an empty placeholder, the same for every vmapped call.
-    return (d_inputs, d_coeffs, d_initial), (position, 0, position if initial is not None else None)
+_register_vmap(torch.ops.linrec.forward.default, torch.ops.linrec.backward.default)
+_register_vmap(torch.ops.linrec.triton_forward.default, torch.ops.linrec.triton_backward.default)

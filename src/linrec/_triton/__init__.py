@@ -1,0 +1,23 @@
+"""The Triton backend (``backend="triton"``): tile and pipe scans written in Triton, for GPUs the
+compiled CUDA kernels do not run on (ROCm, architectures the wheel was not built for, CPU-only wheels),
+and for the CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
+
+kernels.py holds the kernels, layout.py maps a call's strided operands onto them, configs.py chooses
+their tiles, launch.py implements the ops. Importing this package does not import triton: the ops
+are registered with every install, and triton is loaded at their first call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+# Looked up once: a plain constant, which torch.compile reads without tracing the lookup.
+_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
+def missing() -> str | None:
+    """Why the Triton backend cannot run here (triton not installed), or None."""
+    if not _INSTALLED:
+        return ("linrec: backend='triton' needs the triton package, which is not installed: "
+                "pip install triton (or pip install 'linrec[triton]')")
+    return None

@@ -1,0 +1,199 @@
+"""The Triton scans: one forward kernel and one fused backward kernel, each a pipe over time chunks.
+
+Every operand is addressed as a strided (batch0, batch1, time, channels) view (layout.py maps any
+call onto it). A program owns one (batch0, batch1) row and a block of ``BLOCK_C`` channels, and walks
+the time dim in chunks of ``BLOCK_L`` steps: a chunk is scanned as one tile with
+``tl.associative_scan`` over (coefficient, input) pairs, and the state after it is the carry that
+enters the next chunk. With one chunk this is the tile scan; with several, the pipe.
+
+Chunks always hold ascending time positions, so their loads vectorize; ``reverse`` runs the chunks
+from last to first and scans each tile in reverse. The backward kernel is the same scan run the other
+way (``d_inputs[l] = d_outputs[l] + coeffs[next(l)] * d_inputs[next(l)]``) with the coefficients
+loaded one step shifted, and forms ``d_coeffs`` and ``d_initial`` from ``d_inputs`` in the same pass.
+
+A sequence's first step (position 0, the last with ``reverse``, or a ``cu_seqlens`` offset) takes
+``initial``, or nothing: its coefficient is then set to zero, so the carry from the chunk or sequence
+before it has no effect (and an infinite or NaN first coefficient none either).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _compose(coeff_earlier, input_earlier, coeff_later, input_later):
+    # y -> c1*y + x1 followed by y -> c2*y + x2 is y -> (c2*c1)*y + (c2*x1 + x2).
+    return coeff_later * coeff_earlier, coeff_later * input_earlier + input_later
+
+
+@triton.jit
+def _row_at(values, index, BLOCK_L: tl.constexpr):
+    """Row ``index`` of a (BLOCK_L, BLOCK_C) tile, as a (BLOCK_C,) vector."""
+    rows = tl.arange(0, BLOCK_L)[:, None]
+    return tl.sum(tl.where(rows == index, values, tl.zeros_like(values)), axis=0)
+
+
+@triton.jit
+def _first_steps(positions, valid, length, cu_seqlens_ptr, sequence_ptr, REVERSE: tl.constexpr,
+                 PACKED: tl.constexpr):
+    """For each position of a chunk: whether it is the first step of its sequence, and that sequence's
+    index (0 without packing)."""
+    if PACKED:
+        sequence = tl.load(sequence_ptr + positions, mask=valid, other=0).to(positions.dtype)
+        if REVERSE:
+            first = tl.load(cu_seqlens_ptr + sequence + 1, mask=valid, other=0) - 1
+        else:
+            first = tl.load(cu_seqlens_ptr + sequence, mask=valid, other=0)
+        return (positions == first) & valid, sequence
+    first_position = length - 1 if REVERSE else 0
+    return positions == first_position, tl.zeros_like(positions)
+
+
+@triton.jit
+def _load_coeffs(pointers, mask, ACC: tl.constexpr, LOG_COEFFS: tl.constexpr):
+    """Coefficients in the accumulator type; masked positions read the identity (1)."""
+    if LOG_COEFFS:
+        return tl.exp(tl.load(pointers, mask=mask, other=0.0).to(ACC))
+    return tl.load(pointers, mask=mask, other=1.0).to(ACC)
+
+
+@triton.jit
+def linrec_forward_kernel(
+    inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr,
+    length, channels, batch1, channel_blocks,
+    inputs_b0, inputs_b1, inputs_l, inputs_c,
+    coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
+    outputs_b0, outputs_b1, outputs_l, outputs_c,
+    initial_b0, initial_b1, initial_c, initial_sequence,
+    REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
+    ACC: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    program = tl.program_id(0)
+    row, channel_block = program // channel_blocks, program % channel_blocks
+    b0, b1 = row // batch1, row % batch1
+    cols = channel_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_valid = cols < channels
+    if INDEX_64:
+        b0, b1, cols = b0.to(tl.int64), b1.to(tl.int64), cols.to(tl.int64)
+    inputs_ptr += b0 * inputs_b0 + b1 * inputs_b1 + cols[None, :] * inputs_c
+    coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols[None, :] * coeffs_c
+    outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols[None, :] * outputs_c
+    initial_ptr += b0 * initial_b0 + b1 * initial_b1 + cols[None, :] * initial_c
+
+    # The state entering the next chunk; the initial state folds in as a carry when there is one sequence.
+    carry = tl.zeros([BLOCK_C], dtype=ACC)
+    if HAS_INITIAL and not PACKED:
+        carry = tl.sum(tl.load(initial_ptr, mask=col_valid[None, :], other=0.0).to(ACC), axis=0)
+    chunks = tl.cdiv(length, BLOCK_L)
+    for step in range(0, chunks):
+        chunk = chunks - 1 - step if REVERSE else step
+        positions = chunk * BLOCK_L + tl.arange(0, BLOCK_L)
+        valid = positions < length
+        if INDEX_64:
+            positions = positions.to(tl.int64)
+        mask = valid[:, None] & col_valid[None, :]
+        inputs = tl.load(inputs_ptr + positions[:, None] * inputs_l, mask=mask, other=0.0).to(ACC)
+        coeffs = _load_coeffs(coeffs_ptr + positions[:, None] * coeffs_l, mask, ACC, LOG_COEFFS)
+        first, sequence = _first_steps(positions, valid, length, cu_seqlens_ptr, sequence_ptr, REVERSE, PACKED)
+        first = first[:, None]
+        if HAS_INITIAL and PACKED:
+            initial = tl.load(initial_ptr + sequence[:, None] * initial_sequence, mask=first & mask, other=0.0)
+            inputs = tl.where(first, inputs + coeffs * initial.to(ACC), inputs)
+        if PACKED or not HAS_INITIAL:
+            coeffs = tl.where(first, tl.zeros_like(coeffs), coeffs)
+        scanned_coeffs, scanned_inputs = tl.associative_scan((coeffs, inputs), 0, _compose, reverse=REVERSE)
+        outputs = scanned_inputs + scanned_coeffs * carry[None, :]
+        tl.store(outputs_ptr + positions[:, None] * outputs_l, outputs.to(outputs_ptr.dtype.element_ty), mask=mask)
+        # Positions past the end read the identity, so the tile's last row in scan order is the state.
+        carry = _row_at(outputs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
+
+
+@triton.jit
+def linrec_backward_kernel(
+    d_outputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr,
+    d_inputs_ptr, d_coeffs_ptr, d_initial_ptr,
+    length, channels, batch1, channel_blocks,
+    d_outputs_b0, d_outputs_b1, d_outputs_l, d_outputs_c,
+    coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
+    outputs_b0, outputs_b1, outputs_l, outputs_c,
+    initial_b0, initial_b1, initial_c, initial_sequence,
+    d_inputs_b0, d_inputs_b1, d_inputs_l, d_inputs_c,
+    d_coeffs_b0, d_coeffs_b1, d_coeffs_l, d_coeffs_c,
+    REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
+    SUM_COEFFS_OVER_TIME: tl.constexpr, ACC: tl.constexpr, INDEX_64: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """d_initial has initial's strides. With SUM_COEFFS_OVER_TIME (coeffs broadcast along time) each
+    program sums d_coeffs over the time dim and stores one (BLOCK_C,) row at time position 0."""
+    program = tl.program_id(0)
+    row, channel_block = program // channel_blocks, program % channel_blocks
+    b0, b1 = row // batch1, row % batch1
+    cols = channel_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_valid = cols < channels
+    if INDEX_64:
+        b0, b1, cols = b0.to(tl.int64), b1.to(tl.int64), cols.to(tl.int64)
+    d_outputs_ptr += b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols[None, :] * d_outputs_c
+    coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols[None, :] * coeffs_c
+    outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols[None, :] * outputs_c
+    initial_offset = b0 * initial_b0 + b1 * initial_b1 + cols[None, :] * initial_c
+    initial_ptr += initial_offset
+    d_initial_ptr += initial_offset
+    d_inputs_ptr += b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols[None, :] * d_inputs_c
+    d_coeffs_ptr += b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols[None, :] * d_coeffs_c
+
+    step_along = -1 if REVERSE else 1  # from a position to the next one of the recurrence
+    carry = tl.zeros([BLOCK_C], dtype=ACC)  # d_inputs at the next position, entering the chunk
+    d_coeffs_sum = tl.zeros([BLOCK_C], dtype=ACC)
+    chunks = tl.cdiv(length, BLOCK_L)
+    for step in range(0, chunks):
+        chunk = step if REVERSE else chunks - 1 - step
+        positions = chunk * BLOCK_L + tl.arange(0, BLOCK_L)
+        valid = positions < length
+        if INDEX_64:
+            positions = positions.to(tl.int64)
+        mask = valid[:, None] & col_valid[None, :]
+        first, sequence = _first_steps(positions, valid, length, cu_seqlens_ptr, sequence_ptr, REVERSE, PACKED)
+        # The coefficient that carries d_inputs back from the next position: zero past the sequence's end.
+        following = positions + step_along
+        has_following = valid & (following >= 0) & (following < length)
+        if PACKED:
+            following_first, _ = _first_steps(following, has_following, length, cu_seqlens_ptr, sequence_ptr,
+                                              REVERSE, PACKED)
+            has_following = has_following & ~following_first
+        following_mask = has_following[:, None] & col_valid[None, :]
+        following_coeffs = _load_coeffs(coeffs_ptr + following[:, None] * coeffs_l, following_mask, ACC, LOG_COEFFS)
+        following_coeffs = tl.where(following_mask, following_coeffs, tl.zeros_like(following_coeffs))
+        d_outputs = tl.load(d_outputs_ptr + positions[:, None] * d_outputs_l, mask=mask, other=0.0).to(ACC)
+        scanned_coeffs, scanned = tl.associative_scan((following_coeffs, d_outputs), 0, _compose,
+                                                      reverse=not REVERSE)
+        d_inputs = scanned + scanned_coeffs * carry[None, :]
+        tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),
+                 mask=mask)
+        carry = _row_at(d_inputs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
+
+        # d_coeffs[l] = d_inputs[l] * state before l: outputs at the previous position, initial at a first step.
+        first = first[:, None]
+        previous = positions - step_along
+        previous_states = tl.load(outputs_ptr + previous[:, None] * outputs_l, mask=mask & ~first, other=0.0).to(ACC)
+        if HAS_INITIAL:
+            initial_pointers = initial_ptr + sequence[:, None] * initial_sequence
+            initial = tl.load(initial_pointers, mask=mask & first, other=0.0).to(ACC)
+            previous_states = tl.where(first, initial, previous_states)
+        d_coeffs = d_inputs * previous_states
+        if LOG_COEFFS or HAS_INITIAL:
+            coeffs = _load_coeffs(coeffs_ptr + positions[:, None] * coeffs_l, mask, ACC, LOG_COEFFS)
+            if LOG_COEFFS:
+                d_coeffs = d_coeffs * coeffs  # d c = c d log c
+            if HAS_INITIAL:
+                d_initial = coeffs * d_inputs
+                tl.store(d_initial_ptr + sequence[:, None] * initial_sequence,
+                         d_initial.to(d_initial_ptr.dtype.element_ty), mask=mask & first)
+        if SUM_COEFFS_OVER_TIME:
+            d_coeffs_sum += tl.sum(tl.where(mask, d_coeffs, tl.zeros_like(d_coeffs)), axis=0)
+        else:
+            tl.store(d_coeffs_ptr + positions[:, None] * d_coeffs_l, d_coeffs.to(d_coeffs_ptr.dtype.element_ty),
+                     mask=mask)
+    if SUM_COEFFS_OVER_TIME:
+        tl.store(d_coeffs_ptr, d_coeffs_sum[None, :].to(d_coeffs_ptr.dtype.element_ty), mask=col_valid[None, :])
