@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 import torch
 
-import linrec
+# Without a GPU, the Triton backend's kernels run on CPU tensors through Triton's interpreter, which Triton
+# reads when the kernels are first imported (at their first call, after this).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import linrec  # noqa: E402
 
 _CUDA_USABLE = torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS
 

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+import linrec
 from linrec import linrec_loop, linrec_reference
 
 #: Max error over max |reference|, for outputs computed from inputs already rounded to the dtype:
@@ -80,3 +81,45 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dt
     scale = expected.abs().max().clamp_min(1e-30)
     error = ((actual - expected).abs().max() / scale).item()
     assert error <= TOLERANCE[dtype], f"{what}: max error / max |ref| = {error:.3g} > {TOLERANCE[dtype]:.3g} ({dtype})"
+
+
+def check_against_reference(inputs, coeffs, dtype, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
+                            backend="auto"):
+    """Outputs and every gradient (inputs, coeffs, initial) of a backend's kernels against the reference."""
+    kwargs = dict(dim=dim, reverse=reverse, initial=initial, cu_seqlens=cu_seqlens, log_coeffs=log_coeffs)
+    leaves = [t for t in (inputs, coeffs, initial) if t is not None]
+    for leaf in leaves:
+        leaf.requires_grad_()
+    outputs = linrec.linrec(inputs, coeffs, **kwargs, backend=backend)
+    assert outputs.shape == inputs.shape and outputs.dtype == dtype
+    assert_matches(outputs, reference(inputs, coeffs, **kwargs), dtype)
+    d_outputs = random_values(outputs.shape, dtype, outputs.device)
+    grads = torch.autograd.grad(outputs, leaves, d_outputs)
+    expected = reference_gradients(d_outputs, inputs, coeffs, **kwargs)
+    for name, grad, leaf, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, leaves, expected):
+        assert grad.shape == leaf.shape, f"{name}: shape {tuple(grad.shape)} != {tuple(leaf.shape)}"
+        if name == "d_coeffs" and coeffs.shape != inputs.shape:
+            assert_sum_matches(grad, want, d_outputs, inputs, coeffs, dtype, kwargs)
+        else:
+            assert_matches(grad, want, dtype, name)
+
+
+def assert_sum_matches(grad, want, d_outputs, inputs, coeffs, dtype, kwargs):
+    """A broadcast coefficient's gradient is a sum of per-element terms, each rounded to the dtype (as
+    in PyTorch's own backward of a broadcast product): its error scales with the sum of the terms'
+    magnitudes, not with the sum, which cancels towards 0 under random upstream gradients."""
+    full = reference_gradients(d_outputs, inputs, coeffs.expand(inputs.shape), **kwargs)[1]
+    scale = full.abs().sum_to_size(coeffs.shape).max().clamp_min(1e-30)
+    error = ((grad.detach().cpu().to(want.dtype) - want).abs().max() / scale).item()
+    assert error <= TOLERANCE[dtype], f"d_coeffs: max error / sum |terms| = {error:.3g} > {TOLERANCE[dtype]:.3g} ({dtype})"
+
+
+def strided_view(shape, dtype, device, kind, make=random_values):
+    """A tensor of `shape` whose memory is not contiguous in that order."""
+    if kind == "contiguous":
+        return make(shape, dtype, device)
+    if kind == "transposed":  # the memory holds the last two dims swapped
+        return make((*shape[:-2], shape[-1], shape[-2]), dtype, device).transpose(-1, -2)
+    if kind == "sliced":  # every other element of the last dim, and an offset start
+        return make((*shape[:-1], 2 * shape[-1] + 1), dtype, device)[..., 1::2]
+    raise ValueError(kind)

@@ -1,7 +1,8 @@
 """Ratio to torch.add of the compiled kernels on a few shapes, for quick A/B runs on the GPU machine
 (linrec.bench measures the full tables with the references):
 
-    python tools/bench_shapes.py [--dtypes float32,bfloat16] [--coeff-range 0,1] SHAPE:DIM[:COEFFS] ...
+    python tools/bench_shapes.py [--backend auto|triton] [--dtypes float32,bfloat16] [--coeff-range 0,1]
+        [--config A,B] SHAPE:DIM[:COEFFS] ...
 
 SHAPE and COEFFS are 'x'-separated sizes, e.g. 8x4096x4096:1 or 13200x4096:-1:13200x1.
 """
@@ -12,7 +13,7 @@ import argparse
 
 import torch
 
-import linrec  # noqa: F401  (registers the ops)
+from linrec._autograd import COMPILED, TRITON
 from linrec.bench import timer
 
 
@@ -27,12 +28,15 @@ def parse(case: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--config", default="0,0", help="threads_per_sequence,vectors_per_thread (0,0: automatic)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "triton"], help="compiled or Triton kernels")
+    parser.add_argument("--config", default="0,0", help="threads_per_sequence,vectors_per_thread, or for triton "
+                        "block_length,block_channels (0,0: automatic)")
     parser.add_argument("--coeff-range", default="0,1",
                         help="LOW,HIGH: coefficients uniform in [LOW, HIGH) (near 1, chunks' maps are not constant)")
     parser.add_argument("cases", nargs="+")
     args = parser.parse_args()
     time_ms = timer(torch.device("cuda"))
+    kernels = TRITON if args.backend == "triton" else COMPILED
     config = [int(n) for n in args.config.split(",")]
     low, high = (float(n) for n in args.coeff_range.split(","))
     print(f"{'dtype':>8} {'case':>24} {'fwd x add':>9} {'bwd x add':>9}")
@@ -43,11 +47,11 @@ def main() -> None:
             coeffs = torch.empty(coeffs_shape, device="cuda", dtype=dtype).uniform_(low, high)
             full_coeffs = torch.rand_like(inputs)
             d_outputs = torch.randn_like(inputs)
-            outputs = torch.ops.linrec.forward(inputs, coeffs, dim)
+            outputs = kernels.forward(inputs, coeffs, dim)
             add_ms = time_ms(lambda: torch.add(inputs, full_coeffs))
-            forward_ms = time_ms(lambda: torch.ops.linrec.forward(inputs, coeffs, dim, False, None, None, False, *config))
+            forward_ms = time_ms(lambda: kernels.forward(inputs, coeffs, dim, False, None, None, False, *config))
             backward_ms = time_ms(
-                lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim, False, None, None, False, *config))
+                lambda: kernels.backward(d_outputs, coeffs, outputs, dim, False, None, None, False, *config))
             print(f"{str(dtype).removeprefix('torch.'):>8} {case:>24} {add_ms / forward_ms:>9.2f} "
                   f"{5 / 3 * add_ms / backward_ms:>9.2f}", flush=True)
 

@@ -2,7 +2,8 @@
 
     python -m linrec.bench [--device cpu|cuda] [--dtypes float32,bfloat16] [--out bench-results]
 
-Prints GB/s of every implementation and its ratio to torch.add measured in the same process, and
+Prints GB/s of every implementation and its ratio to torch.add measured in the same process (on a GPU
+with triton installed, the Triton kernels as "triton" beside the compiled ones as "linrec"), and
 writes a CSV (and a PNG when matplotlib is installed). Bytes counted are the fewest each call must
 move: forward reads inputs and coeffs and writes outputs (3 tensors); backward reads d_outputs,
 coeffs and outputs and writes d_inputs and d_coeffs (5 tensors). torch.add moves 3 tensors; its
@@ -33,6 +34,8 @@ from typing import Callable, Iterable, NamedTuple
 import torch
 
 import linrec
+from linrec._autograd import COMPILED, TRITON, Kernels
+from linrec._triton import missing as triton_missing
 
 #: (number of sequences, sequence length), time last. GPU shapes: 100 sequences per SM, and a few long ones.
 CPU_SHAPES = [(256, 256), (64, 4096), (16, 65536), (65536, 16)]
@@ -112,16 +115,20 @@ def measure_layouts(device: torch.device, dtypes: Iterable[torch.dtype], progres
     real = [dtype for dtype in dtypes if dtype.is_floating_point]
     runs = [(dtype, case) for dtype in real for case in cases if case.dtype is None]
     runs += [(case.dtype, case) for case in cases if case.dtype is not None]
+    backends = kernel_backends(device)
     rows = []
-    for dtype, case in progress(runs):
-        rows.append(measure_layout(device, dtype, case, time_ms))
+    for (dtype, case), impl in progress([(run, impl) for run in runs for impl in backends]):
+        if impl == "triton" and dtype.is_complex:
+            continue  # the Triton kernels take real dtypes
+        rows.append(measure_layout(device, dtype, case, time_ms, impl, backends[impl]))
         gc.collect()  # the case's tensors and graphs are gone before the next one allocates its own
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
 
 
-def measure_layout(device: torch.device, dtype: torch.dtype, case: LayoutCase, time_ms) -> dict:
+def measure_layout(device: torch.device, dtype: torch.dtype, case: LayoutCase, time_ms, impl: str = "linrec",
+                   backend: str = "auto") -> dict:
     """fwd: linrec.linrec on leaves that require grad (it records the graph), 3 tensors; bwd:
     torch.autograd.grad of one recorded forward, 5 tensors; both against torch.add of two inputs-sized
     tensors. peak: the memory one forward and backward allocate beyond the operands, in inputs-sized
@@ -146,9 +153,9 @@ def measure_layout(device: torch.device, dtype: torch.dtype, case: LayoutCase, t
 
     def call(packed: bool = True) -> torch.Tensor:
         if packed or cu_seqlens is None:
-            return linrec.linrec(inputs, coeffs, case.dim, initial=initial, cu_seqlens=cu_seqlens)
+            return linrec.linrec(inputs, coeffs, case.dim, initial=initial, cu_seqlens=cu_seqlens, backend=backend)
         # one sequence: the batch's initial state
-        return linrec.linrec(inputs, coeffs, case.dim, initial=None if initial is None else initial[:1])
+        return linrec.linrec(inputs, coeffs, case.dim, initial=None if initial is None else initial[:1], backend=backend)
 
     def forward_backward_ms(packed: bool = True) -> tuple[float, float]:
         forward_ms = time_ms(lambda: call(packed))
@@ -174,7 +181,8 @@ def measure_layout(device: torch.device, dtype: torch.dtype, case: LayoutCase, t
     tensor_gb = tensor_bytes / 1e9
     add_gbps = 3 * tensor_gb / (add_ms / 1e3)
     fwd_gbps, bwd_gbps = 3 * tensor_gb / (fwd_ms / 1e3), 5 * tensor_gb / (bwd_ms / 1e3)
-    return dict(device=device.type, dtype=str(dtype).removeprefix("torch."), case=case.name, shape=_shape_text(case.shape),
+    return dict(device=device.type, dtype=str(dtype).removeprefix("torch."), impl=impl, case=case.name,
+                shape=_shape_text(case.shape),
                 dim=case.dim, coeffs=_shape_text(case.shape if case.coeffs is None else case.coeffs),
                 sequences=case.sequences, initial=case.initial, add_ms=add_ms, fwd_ms=fwd_ms, fwd_gbps=fwd_gbps,
                 fwd_ratio=fwd_gbps / add_gbps, bwd_ms=bwd_ms, bwd_gbps=bwd_gbps, bwd_ratio=bwd_gbps / add_gbps, peak=peak,
@@ -367,9 +375,18 @@ def _median_wall_clock(fn, budget_s: float = 0.3) -> float:
     return statistics.median(times)
 
 
-def implementations() -> dict[str, Callable | None]:
-    """None stands for the compiled kernels, called through the registered ops."""
-    return {"linrec": None, **linrec.REFERENCES}
+def kernel_backends(device: torch.device) -> dict[str, str]:
+    """Name in the tables -> linrec's backend argument: the compiled kernels, and the Triton kernels on a
+    GPU where triton is installed (on the CPU they would run on Triton's interpreter, far from speed)."""
+    if device.type == "cuda" and triton_missing() is None:
+        return {"linrec": "auto", "triton": "triton"}
+    return {"linrec": "auto"}
+
+
+def implementations(device: torch.device) -> dict[str, Callable | Kernels]:
+    """The kernel families, called through their registered ops, then the pure-PyTorch references."""
+    families = {"linrec": COMPILED, "triton": TRITON}
+    return {**{name: families[name] for name in kernel_backends(device)}, **linrec.REFERENCES}
 
 
 def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progress) -> list[dict]:
@@ -385,13 +402,14 @@ def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progres
         add_gbps = 3 * tensor_gb / (add_ms / 1e3)
         base = dict(device=device.type, dtype=str(dtype).removeprefix("torch."), sequences=sequences, length=length)
         rows.append(dict(base, impl="torch.add", direction="fwd", ms=add_ms, gbps=add_gbps, ratio=1.0))
-        for name, reference in implementations().items():
-            if reference is not None and (length > MAX_REFERENCE_LENGTH[name] or inputs.numel() > MAX_REFERENCE_ELEMENTS):
+        for name, reference in implementations(device).items():
+            if isinstance(reference, Kernels):
+                kernels = reference
+                outputs = kernels.forward(inputs, coeffs)
+                forward = lambda: kernels.forward(inputs, coeffs)  # noqa: E731
+                backward = lambda: kernels.backward(d_outputs, coeffs, outputs)  # noqa: E731
+            elif length > MAX_REFERENCE_LENGTH[name] or inputs.numel() > MAX_REFERENCE_ELEMENTS:
                 continue
-            if reference is None:
-                outputs = torch.ops.linrec.forward(inputs, coeffs)
-                forward = lambda: torch.ops.linrec.forward(inputs, coeffs)  # noqa: E731
-                backward = lambda: torch.ops.linrec.backward(d_outputs, coeffs, outputs)  # noqa: E731
             else:
                 x, c = inputs.clone().requires_grad_(), coeffs.clone().requires_grad_()
                 outputs = reference(x, c, False)
@@ -406,7 +424,7 @@ def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progres
 
 #: Printed columns: (CSV key, header, format spec).
 TABLE_COLUMNS = [("dtype", "dtype", ">8"), ("sequences", "seqs", ">8"), ("length", "len", ">6"), ("impl", "impl", ">10")]
-LAYOUT_COLUMNS = [("dtype", "dtype", ">9"), ("case", "case", ">18"), ("shape", "shape", ">14"), ("dim", "dim", ">3"),
+LAYOUT_COLUMNS = [("dtype", "dtype", ">9"), ("impl", "impl", ">6"), ("case", "case", ">18"), ("shape", "shape", ">14"), ("dim", "dim", ">3"),
                   ("coeffs", "coeffs", ">14"), ("fwd_ratio", "fwd x add", ">9.2f"), ("bwd_ratio", "bwd x add", ">9.2f"),
                   ("peak", "peak", ">5.1f"), ("vs_unpacked_fwd", "fwd vs unpacked", ">15.2f"),
                   ("vs_unpacked_bwd", "bwd vs unpacked", ">15.2f")]
