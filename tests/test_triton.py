@@ -123,6 +123,40 @@ def test_tile_boundaries(device, seed, tile, length, reverse):
             assert_matches(grad, want, dtype, name)
 
 
+def _check_ops(inputs, coeffs, kwargs, tile):
+    """The two ops with a forced tile against the float64 reference: outputs and every gradient."""
+    dim, reverse, initial = kwargs["dim"], kwargs["reverse"], kwargs["initial"]
+    args = (dim, reverse, initial, kwargs["cu_seqlens"], kwargs["log_coeffs"], *tile)
+    outputs = torch.ops.linrec.triton_forward(inputs, coeffs, *args)
+    assert_matches(outputs, reference(inputs, coeffs, **kwargs), inputs.dtype)
+    d_outputs = random_values(inputs.shape, inputs.dtype, inputs.device)
+    grads = torch.ops.linrec.triton_backward(d_outputs, coeffs, outputs, *args)
+    expected = reference_gradients(d_outputs, inputs, coeffs, **kwargs)
+    for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
+        if name != "d_initial" or initial is not None:
+            assert_matches(grad, want, inputs.dtype, name)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("case", ["time_last", "time_last_initial", "per_channel_coeffs", "per_step_coeffs",
+                                  "packed_initial", "log_coeffs_broadcast"])
+def test_time_split_across_programs(device, seed, case, reverse):
+    """Few rows and a long time dim: segments scanned by separate programs, joined by a scan over the
+    segments' composed maps (forced 16-step tiles make 300 steps several segments)."""
+    shape, dim, coeffs_shape, with_initial, offsets, log_coeffs = CASES[case]
+    long_shape = list(shape)
+    long_shape[dim] = 301
+    if offsets is not None:
+        offsets = [0, 40, 40, 170, 171, 301]
+    if coeffs_shape is not None and len(coeffs_shape) == len(shape) and coeffs_shape[dim] == shape[dim]:
+        coeffs_shape = tuple(long_shape[d] if d == dim else size for d, size in enumerate(coeffs_shape))
+    cases = {case: (tuple(long_shape), dim, coeffs_shape, with_initial, offsets, log_coeffs)}
+    inputs, coeffs, kwargs = _case(case, torch.float64, device, cases)
+    layout_channels = 1 if dim % inputs.dim() == inputs.dim() - 1 else inputs.shape[-1]
+    tile = (16, max(1, 1 << (layout_channels - 1).bit_length()))
+    _check_ops(inputs, coeffs, dict(kwargs, reverse=reverse), tile)
+
+
 @pytest.mark.parametrize("kind", ["transposed", "sliced"])
 @pytest.mark.parametrize("dim", [0, 1, 2])
 def test_strided_views(device, seed, dim, kind):
@@ -167,7 +201,7 @@ def test_torch_func_hessian_and_vmap(device, seed):
         return linrec.linrec(inputs, coeffs, backend=backend, **kwargs).square().sum()
 
     hessian = torch.func.hessian(loss)(coeffs, "triton")
-    assert_matches(hessian, torch.func.hessian(loss)(coeffs, "loop"), torch.float64, "hessian")
+    assert_matches(hessian, torch.func.hessian(loss)(coeffs, "loop").cpu(), torch.float64, "hessian")
     batch = random_values((3, *inputs.shape), torch.float64, device)
     mapped = torch.vmap(lambda x: linrec.linrec(x, coeffs, backend="triton", **kwargs))(batch)
     for sample, outputs in zip(batch, mapped):

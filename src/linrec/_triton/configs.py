@@ -19,9 +19,15 @@ MIN_BLOCK_L = 16
 #: time step, whole 32-byte sectors; wider blocks only lengthen the per-step reduction of the carry.
 MAX_BLOCK_C = 64
 #: Fewer programs than this many per multiprocessor leave multiprocessors idle: the channel block
-#: narrows (and the tile lengthens) down to MIN_BLOCK_C to make more of them.
+#: narrows (and the tile lengthens) down to MIN_CHANNEL_BYTES of a time step to make more of them,
+#: and beyond that the time dim splits into segments (SPLIT_PROGRAMS_PER_MULTIPROCESSOR programs).
 PROGRAMS_PER_MULTIPROCESSOR = 4
-MIN_BLOCK_C = 16
+#: A 128-byte line per time step: narrower channel blocks read partial lines.
+MIN_CHANNEL_BYTES = 128
+SPLIT_PROGRAMS_PER_MULTIPROCESSOR = 8
+#: A segment spans at least this many tiles: the split's aggregate pass and carry scan cost as much as
+#: a few tiles.
+MIN_SEGMENT_TILES = 4
 
 
 @dataclass(frozen=True)
@@ -47,19 +53,35 @@ def forced(block_length: int, block_channels: int) -> TileConfig:
     return TileConfig(block_length, block_channels, _warps(block_length * block_channels))
 
 
-def choose(layout: Layout, time_contiguous: bool, multiprocessors: int) -> TileConfig:
+def _programs(layout: Layout, block_channels: int) -> int:
+    return layout.batch0 * layout.batch1 * -(-layout.channels // block_channels)
+
+
+def choose(layout: Layout, time_contiguous: bool, element_size: int, multiprocessors: int) -> TileConfig:
     """A tile for the layout: the time dim along the tile where it is contiguous, else a block of
     contiguous channels scanned together."""
     length = _power_of_two_at_least(max(layout.length, MIN_BLOCK_L))
     channels = _power_of_two_at_least(layout.channels)
-    rows = layout.batch0 * layout.batch1
     if time_contiguous:
         block_length = min(length, TILE_ELEMENTS)
         block_channels = min(channels, TILE_ELEMENTS // block_length)
     else:
         block_channels = min(channels, MAX_BLOCK_C)
-        while (block_channels > MIN_BLOCK_C
-               and rows * -(-layout.channels // block_channels) < PROGRAMS_PER_MULTIPROCESSOR * multiprocessors):
+        narrowest = max(MIN_CHANNEL_BYTES // element_size, 1)
+        while (block_channels > narrowest
+               and _programs(layout, block_channels) < PROGRAMS_PER_MULTIPROCESSOR * multiprocessors):
             block_channels //= 2
         block_length = min(length, max(TILE_ELEMENTS // block_channels, MIN_BLOCK_L))
     return TileConfig(block_length, block_channels, _warps(block_length * block_channels))
+
+
+def segment_length(layout: Layout, config: TileConfig, multiprocessors: int) -> int:
+    """The time steps one program scans: the whole length, or a segment of it (a multiple of the tile
+    length) where the rows and channel blocks alone would leave multiprocessors idle."""
+    programs = _programs(layout, config.block_channels)
+    wanted = -(-SPLIT_PROGRAMS_PER_MULTIPROCESSOR * multiprocessors // programs)
+    segments = min(wanted, layout.length // (MIN_SEGMENT_TILES * config.block_length))
+    if programs >= PROGRAMS_PER_MULTIPROCESSOR * multiprocessors or segments < 2:
+        return layout.length
+    tiles = -(-layout.length // (segments * config.block_length))
+    return tiles * config.block_length

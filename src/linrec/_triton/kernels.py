@@ -14,6 +14,13 @@ loaded one step shifted, and forms ``d_coeffs`` and ``d_initial`` from ``d_input
 A sequence's first step (position 0, the last with ``reverse``, or a ``cu_seqlens`` offset) takes
 ``initial``, or nothing: its coefficient is then set to zero, so the carry from the chunk or sequence
 before it has no effect (and an infinite or NaN first coefficient none either).
+
+Few long rows split the time dim into segments of ``segment_length``, one program each, in three
+launches (launch.py): the kernel with ``AGGREGATE`` stores each segment's composed map instead of
+outputs (the product of its coefficients and its state from a zero carry, into ``products`` and
+``carries``), a scan over the segments turns those into the state entering each segment, and the
+kernel with ``CARRY_IN`` scans each segment from that state. Segment, row and channel block are one
+program id; a call that is not split has one segment.
 """
 
 from __future__ import annotations
@@ -60,37 +67,57 @@ def _load_coeffs(pointers, mask, ACC: tl.constexpr, LOG_COEFFS: tl.constexpr):
 
 
 @triton.jit
+def _program_tile(channels, rows, batch1, channel_blocks, segment_length, length, BLOCK_C: tl.constexpr,
+                  INDEX_64: tl.constexpr):
+    """The program's segment, batch indices, channel columns, and its segment's bounds along time."""
+    program = tl.program_id(0)
+    channel_block = program % channel_blocks
+    row = (program // channel_blocks) % rows
+    segment = program // (channel_blocks * rows)
+    b0, b1 = row // batch1, row % batch1
+    cols = channel_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    if INDEX_64:
+        b0, b1, cols = b0.to(tl.int64), b1.to(tl.int64), cols.to(tl.int64)
+    segment_start = segment * segment_length
+    segment_end = tl.minimum(segment_start + segment_length, length)
+    # Offset of the program's (segment, row, channels) in the contiguous carries and products buffers.
+    state_offset = (segment * rows + row) * channels + cols
+    return segment, b0, b1, cols, segment_start, segment_end, state_offset
+
+
+@triton.jit
 def linrec_forward_kernel(
-    inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr,
-    length, channels, batch1, channel_blocks,
+    inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr, carries_ptr, products_ptr,
+    length, channels, rows, batch1, channel_blocks, segment_length,
     inputs_b0, inputs_b1, inputs_l, inputs_c,
     coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
     outputs_b0, outputs_b1, outputs_l, outputs_c,
     initial_b0, initial_b1, initial_c, initial_sequence,
     REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
-    ACC: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+    AGGREGATE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr, INDEX_64: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    program = tl.program_id(0)
-    row, channel_block = program // channel_blocks, program % channel_blocks
-    b0, b1 = row // batch1, row % batch1
-    cols = channel_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    _, b0, b1, cols, segment_start, segment_end, state_offset = _program_tile(
+        channels, rows, batch1, channel_blocks, segment_length, length, BLOCK_C, INDEX_64)
     col_valid = cols < channels
-    if INDEX_64:
-        b0, b1, cols = b0.to(tl.int64), b1.to(tl.int64), cols.to(tl.int64)
     inputs_ptr += b0 * inputs_b0 + b1 * inputs_b1 + cols[None, :] * inputs_c
     coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols[None, :] * coeffs_c
     outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols[None, :] * outputs_c
     initial_ptr += b0 * initial_b0 + b1 * initial_b1 + cols[None, :] * initial_c
 
-    # The state entering the next chunk; the initial state folds in as a carry when there is one sequence.
+    # The state entering the next chunk; the initial state folds in as a carry when there is one sequence
+    # (a split call's carries hold it for the first segment, and its aggregates apply it later).
     carry = tl.zeros([BLOCK_C], dtype=ACC)
-    if HAS_INITIAL and not PACKED:
+    product = tl.full([BLOCK_C], 1.0, dtype=ACC)
+    if CARRY_IN:
+        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0)
+    elif HAS_INITIAL and not PACKED and not AGGREGATE:
         carry = tl.sum(tl.load(initial_ptr, mask=col_valid[None, :], other=0.0).to(ACC), axis=0)
-    chunks = tl.cdiv(length, BLOCK_L)
+    chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
     for step in range(0, chunks):
         chunk = chunks - 1 - step if REVERSE else step
-        positions = chunk * BLOCK_L + tl.arange(0, BLOCK_L)
-        valid = positions < length
+        positions = segment_start + chunk * BLOCK_L + tl.arange(0, BLOCK_L)
+        valid = positions < segment_end
         if INDEX_64:
             positions = positions.to(tl.int64)
         mask = valid[:, None] & col_valid[None, :]
@@ -105,16 +132,23 @@ def linrec_forward_kernel(
             coeffs = tl.where(first, tl.zeros_like(coeffs), coeffs)
         scanned_coeffs, scanned_inputs = tl.associative_scan((coeffs, inputs), 0, _compose, reverse=REVERSE)
         outputs = scanned_inputs + scanned_coeffs * carry[None, :]
-        tl.store(outputs_ptr + positions[:, None] * outputs_l, outputs.to(outputs_ptr.dtype.element_ty), mask=mask)
+        if not AGGREGATE:
+            tl.store(outputs_ptr + positions[:, None] * outputs_l, outputs.to(outputs_ptr.dtype.element_ty),
+                     mask=mask)
         # Positions past the end read the identity, so the tile's last row in scan order is the state.
         carry = _row_at(outputs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
+        if AGGREGATE:
+            product = product * _row_at(scanned_coeffs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
+    if AGGREGATE:
+        tl.store(carries_ptr + state_offset, carry, mask=col_valid)
+        tl.store(products_ptr + state_offset, product, mask=col_valid)
 
 
 @triton.jit
 def linrec_backward_kernel(
     d_outputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr,
-    d_inputs_ptr, d_coeffs_ptr, d_initial_ptr,
-    length, channels, batch1, channel_blocks,
+    d_inputs_ptr, d_coeffs_ptr, d_initial_ptr, carries_ptr, products_ptr,
+    length, channels, rows, batch1, channel_blocks, segment_length, d_coeffs_segment,
     d_outputs_b0, d_outputs_b1, d_outputs_l, d_outputs_c,
     coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
     outputs_b0, outputs_b1, outputs_l, outputs_c,
@@ -122,18 +156,15 @@ def linrec_backward_kernel(
     d_inputs_b0, d_inputs_b1, d_inputs_l, d_inputs_c,
     d_coeffs_b0, d_coeffs_b1, d_coeffs_l, d_coeffs_c,
     REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
-    SUM_COEFFS_OVER_TIME: tl.constexpr, ACC: tl.constexpr, INDEX_64: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+    SUM_COEFFS_OVER_TIME: tl.constexpr, AGGREGATE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
+    INDEX_64: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """d_initial has initial's strides. With SUM_COEFFS_OVER_TIME (coeffs broadcast along time) each
-    program sums d_coeffs over the time dim and stores one (BLOCK_C,) row at time position 0."""
-    program = tl.program_id(0)
-    row, channel_block = program // channel_blocks, program % channel_blocks
-    b0, b1 = row // batch1, row % batch1
-    cols = channel_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    program sums d_coeffs over its segment and stores one (BLOCK_C,) row at time position 0, segments
+    ``d_coeffs_segment`` apart. AGGREGATE computes d_inputs' composed map only (no d_coeffs)."""
+    segment, b0, b1, cols, segment_start, segment_end, state_offset = _program_tile(
+        channels, rows, batch1, channel_blocks, segment_length, length, BLOCK_C, INDEX_64)
     col_valid = cols < channels
-    if INDEX_64:
-        b0, b1, cols = b0.to(tl.int64), b1.to(tl.int64), cols.to(tl.int64)
     d_outputs_ptr += b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols[None, :] * d_outputs_c
     coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols[None, :] * coeffs_c
     outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols[None, :] * outputs_c
@@ -141,16 +172,19 @@ def linrec_backward_kernel(
     initial_ptr += initial_offset
     d_initial_ptr += initial_offset
     d_inputs_ptr += b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols[None, :] * d_inputs_c
-    d_coeffs_ptr += b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols[None, :] * d_coeffs_c
+    d_coeffs_ptr += b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols[None, :] * d_coeffs_c + segment * d_coeffs_segment
 
     step_along = -1 if REVERSE else 1  # from a position to the next one of the recurrence
     carry = tl.zeros([BLOCK_C], dtype=ACC)  # d_inputs at the next position, entering the chunk
+    if CARRY_IN:
+        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0)
+    product = tl.full([BLOCK_C], 1.0, dtype=ACC)
     d_coeffs_sum = tl.zeros([BLOCK_C], dtype=ACC)
-    chunks = tl.cdiv(length, BLOCK_L)
+    chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
     for step in range(0, chunks):
         chunk = step if REVERSE else chunks - 1 - step
-        positions = chunk * BLOCK_L + tl.arange(0, BLOCK_L)
-        valid = positions < length
+        positions = segment_start + chunk * BLOCK_L + tl.arange(0, BLOCK_L)
+        valid = positions < segment_end
         if INDEX_64:
             positions = positions.to(tl.int64)
         mask = valid[:, None] & col_valid[None, :]
@@ -169,31 +203,47 @@ def linrec_backward_kernel(
         scanned_coeffs, scanned = tl.associative_scan((following_coeffs, d_outputs), 0, _compose,
                                                       reverse=not REVERSE)
         d_inputs = scanned + scanned_coeffs * carry[None, :]
-        tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),
-                 mask=mask)
         carry = _row_at(d_inputs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
-
-        # d_coeffs[l] = d_inputs[l] * state before l: outputs at the previous position, initial at a first step.
-        first = first[:, None]
-        previous = positions - step_along
-        previous_states = tl.load(outputs_ptr + previous[:, None] * outputs_l, mask=mask & ~first, other=0.0).to(ACC)
-        if HAS_INITIAL:
-            initial_pointers = initial_ptr + sequence[:, None] * initial_sequence
-            initial = tl.load(initial_pointers, mask=mask & first, other=0.0).to(ACC)
-            previous_states = tl.where(first, initial, previous_states)
-        d_coeffs = d_inputs * previous_states
-        if LOG_COEFFS or HAS_INITIAL:
-            coeffs = _load_coeffs(coeffs_ptr + positions[:, None] * coeffs_l, mask, ACC, LOG_COEFFS)
-            if LOG_COEFFS:
-                d_coeffs = d_coeffs * coeffs  # d c = c d log c
-            if HAS_INITIAL:
-                d_initial = coeffs * d_inputs
-                tl.store(d_initial_ptr + sequence[:, None] * initial_sequence,
-                         d_initial.to(d_initial_ptr.dtype.element_ty), mask=mask & first)
-        if SUM_COEFFS_OVER_TIME:
-            d_coeffs_sum += tl.sum(tl.where(mask, d_coeffs, tl.zeros_like(d_coeffs)), axis=0)
+        if AGGREGATE:
+            product = product * _row_at(scanned_coeffs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
         else:
-            tl.store(d_coeffs_ptr + positions[:, None] * d_coeffs_l, d_coeffs.to(d_coeffs_ptr.dtype.element_ty),
+            tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),
                      mask=mask)
-    if SUM_COEFFS_OVER_TIME:
+            d_coeffs = _coefficient_gradients(
+                d_inputs, first, sequence, positions, mask, step_along, coeffs_ptr, coeffs_l, outputs_ptr, outputs_l,
+                initial_ptr, initial_sequence, d_initial_ptr, HAS_INITIAL, LOG_COEFFS, ACC)
+            if SUM_COEFFS_OVER_TIME:
+                d_coeffs_sum += tl.sum(d_coeffs, axis=0)
+            else:
+                tl.store(d_coeffs_ptr + positions[:, None] * d_coeffs_l, d_coeffs.to(d_coeffs_ptr.dtype.element_ty),
+                         mask=mask)
+    if AGGREGATE:
+        tl.store(carries_ptr + state_offset, carry, mask=col_valid)
+        tl.store(products_ptr + state_offset, product, mask=col_valid)
+    elif SUM_COEFFS_OVER_TIME:
         tl.store(d_coeffs_ptr, d_coeffs_sum[None, :].to(d_coeffs_ptr.dtype.element_ty), mask=col_valid[None, :])
+
+
+@triton.jit
+def _coefficient_gradients(d_inputs, first, sequence, positions, mask, step_along, coeffs_ptr, coeffs_l, outputs_ptr,
+                           outputs_l, initial_ptr, initial_sequence, d_initial_ptr, HAS_INITIAL: tl.constexpr,
+                           LOG_COEFFS: tl.constexpr, ACC: tl.constexpr):
+    """A chunk's d_coeffs, and d_initial stored at first steps."""
+    # d_coeffs[l] = d_inputs[l] * state before l: outputs at the previous position, initial at a first step.
+    first = first[:, None]
+    previous = positions - step_along
+    previous_states = tl.load(outputs_ptr + previous[:, None] * outputs_l, mask=mask & ~first, other=0.0).to(ACC)
+    if HAS_INITIAL:
+        initial_pointers = initial_ptr + sequence[:, None] * initial_sequence
+        initial = tl.load(initial_pointers, mask=mask & first, other=0.0).to(ACC)
+        previous_states = tl.where(first, initial, previous_states)
+    d_coeffs = d_inputs * previous_states
+    if LOG_COEFFS or HAS_INITIAL:
+        coeffs = _load_coeffs(coeffs_ptr + positions[:, None] * coeffs_l, mask, ACC, LOG_COEFFS)
+        if LOG_COEFFS:
+            d_coeffs = d_coeffs * coeffs  # d c = c d log c
+        if HAS_INITIAL:
+            d_initial = coeffs * d_inputs
+            tl.store(d_initial_ptr + sequence[:, None] * initial_sequence,
+                     d_initial.to(d_initial_ptr.dtype.element_ty), mask=mask & first)
+    return tl.where(mask, d_coeffs, tl.zeros_like(d_coeffs))

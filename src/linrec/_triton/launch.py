@@ -6,6 +6,7 @@ kernels' checks; what is checked here is what only the Triton backend needs."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -77,19 +78,79 @@ def _sequence_index(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     return (torch.searchsorted(cu_seqlens, positions, right=True) - 1).to(torch.int32)
 
 
-def _config(layout: Layout, time_stride: int, device: torch.device, block_length: int, block_channels: int):
+@dataclass(frozen=True)
+class _Plan:
+    """How one call runs: the layout, the tile, and the time steps each program scans (a segment of
+    ``segment_length``, or the whole length)."""
+
+    layout: Layout
+    config: configs.TileConfig
+    segment_length: int
+    accumulator_dtype: torch.dtype
+    index_64: bool
+
+    @property
+    def rows(self) -> int:
+        return self.layout.batch0 * self.layout.batch1
+
+    @property
+    def segments(self) -> int:
+        return triton.cdiv(self.layout.length, self.segment_length)
+
+    @property
+    def channel_blocks(self) -> int:
+        return triton.cdiv(self.layout.channels, self.config.block_channels)
+
+    def grid(self) -> tuple[int]:
+        return (self.segments * self.rows * self.channel_blocks,)
+
+    def sizes(self) -> tuple[int, ...]:
+        """The kernels' size arguments: length, channels, rows, batch1, channel_blocks, segment_length."""
+        layout = self.layout
+        return layout.length, layout.channels, self.rows, layout.batch1, self.channel_blocks, self.segment_length
+
+    def constants(self) -> dict:
+        return dict(ACC=_ACCUMULATORS.get(self.accumulator_dtype, tl.float32), INDEX_64=self.index_64,
+                    BLOCK_L=self.config.block_length, BLOCK_C=self.config.block_channels, num_warps=self.config.warps)
+
+
+def _plan(layout: Layout, dtype: torch.dtype, device: torch.device, extent: int, block_length: int,
+          block_channels: int) -> _Plan:
+    multiprocessors = _multiprocessors(device)
     if block_length or block_channels:
-        return configs.forced(block_length or configs.MIN_BLOCK_L, block_channels or 1)
-    return configs.choose(layout, time_stride == 1 or layout.length == 1, _multiprocessors(device))
+        config = configs.forced(block_length or configs.MIN_BLOCK_L, block_channels or 1)
+    else:
+        time_contiguous = layout.strides[0][2] == 1 or layout.length == 1
+        config = configs.choose(layout, time_contiguous, dtype.itemsize, multiprocessors)
+    accumulator_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return _Plan(layout, config, configs.segment_length(layout, config, multiprocessors), accumulator_dtype,
+                 extent > _INT32_ELEMENTS)
 
 
-def _launch_common(layout: Layout, config: configs.TileConfig, dtype: torch.dtype, extent: int):
-    """The grid, and the launch arguments every kernel takes the same way."""
-    channel_blocks = triton.cdiv(layout.channels, config.block_channels)
-    grid = (layout.batch0 * layout.batch1 * channel_blocks,)
-    sizes = (layout.length, layout.channels, layout.batch1, channel_blocks)
-    accumulator = _ACCUMULATORS.get(dtype, tl.float32)
-    return grid, sizes, accumulator, extent > _INT32_ELEMENTS
+def _carries(plan: _Plan, aggregate, scan_reverse: bool, initial: torch.Tensor | None, device: torch.device):
+    """The state entering each segment of a split call, as a contiguous (segments, rows, channels) buffer:
+    ``aggregate(carries, products)`` stores each segment's composed map (its state from a zero carry, and
+    the product of its coefficients), and a scan over the segments in the direction of the kernel's scan
+    composes them, from ``initial`` (rows, channels) or zero."""
+    shape = (plan.segments, plan.rows, plan.layout.channels)
+    states = torch.empty(shape, dtype=plan.accumulator_dtype, device=device)
+    products = torch.empty_like(states)
+    aggregate(states, products)
+    leaving = forward(states, products, 0, scan_reverse, initial)
+    start = (initial if initial is not None else states.new_zeros(shape[1:])).unsqueeze(0)
+    entering = [leaving[1:], start] if scan_reverse else [start, leaving[:-1]]
+    return torch.cat(entering)
+
+
+def _initial_state(plan: _Plan, initial: torch.Tensor | None, packed: bool) -> torch.Tensor | None:
+    """An unpacked initial state as (rows, channels) in the accumulator type, for the scan over segments
+    (packed initial states enter at their sequences' starts, inside the segments)."""
+    if initial is None or packed:
+        return None
+    layout = plan.layout
+    batch0, batch1, _, channels = layout.strides[-1]
+    view = initial.as_strided((layout.batch0, layout.batch1, layout.channels), (batch0, batch1, channels))
+    return view.reshape(plan.rows, layout.channels).to(plan.accumulator_dtype)
 
 
 def _extent(*tensors: torch.Tensor | None) -> int:
@@ -155,18 +216,26 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
     initial_strides, initial_sequence = _initial_strides(initial, dim, packed)
     tensors = [inputs, coeffs.expand(inputs.shape), outputs]
     layout, planned = _planned(inputs.shape, dim, tensors, "rrw", initial_strides)
-    config = _config(layout, layout.strides[0][2], inputs.device, block_length, block_channels)
-    grid, sizes, accumulator, index_64 = _launch_common(layout, config, inputs.dtype, _extent(*planned))
+    plan = _plan(layout, inputs.dtype, inputs.device, _extent(*planned), block_length, block_channels)
     cu_seqlens_arg, sequence = _packing(cu_seqlens, layout.length, inputs)
-    with _device_guard(inputs):
-        linrec_forward_kernel[grid](
-            *planned, initial if initial is not None else inputs, cu_seqlens_arg, sequence, *sizes,
-            *layout.strides[0], *layout.strides[1], *layout.strides[2],
+    placeholder = inputs  # a pointer for the arguments a specialization does not read
+
+    def run(carries=placeholder, products=placeholder, aggregate=False, carry_in=False):
+        linrec_forward_kernel[plan.grid()](
+            *planned, initial if initial is not None else placeholder, cu_seqlens_arg, sequence, carries, products,
+            *plan.sizes(), *layout.strides[0], *layout.strides[1], *layout.strides[2],
             *_initial_args(layout, initial, initial_sequence),
             REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
-            ACC=accumulator, INDEX_64=index_64, BLOCK_L=config.block_length, BLOCK_C=config.block_channels,
-            num_warps=config.warps,
+            AGGREGATE=aggregate, CARRY_IN=carry_in, **plan.constants(),
         )
+
+    with _device_guard(inputs):
+        if plan.segments == 1:
+            run()
+        else:
+            carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), reverse,
+                               _initial_state(plan, initial, packed), inputs.device)
+            run(carries, carry_in=True)
     _copy_back(planned, tensors)
     return outputs
 
@@ -191,35 +260,48 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
         d_initial = torch.zeros_like(initial) if packed else torch.empty_like(initial)
     if d_outputs.numel() == 0:
         return d_inputs, d_coeffs.zero_(), d_initial.zero_()
-    # Broadcast coeffs: the kernel sums d_coeffs over time where coeffs do not vary along it, else writes one
-    # value per element in the accumulator type; torch sums over the other dims they broadcast along.
+    # Broadcast coeffs: the kernel sums d_coeffs over time where coeffs do not vary along it (one sum per
+    # segment), else writes one value per element in the accumulator type; torch sums what remains.
     accumulator_dtype = torch.float64 if d_outputs.dtype == torch.float64 else torch.float32
     sum_over_time = not full_coeffs and not _coeffs_vary_in_time(coeffs, shape, dim)
-    if full_coeffs:
-        d_coeffs_buffer = d_coeffs
-    elif sum_over_time:
-        d_coeffs_buffer = torch.empty_like(outputs.narrow(dim, 0, 1), dtype=accumulator_dtype).expand(shape)
-    else:
-        d_coeffs_buffer = torch.empty_like(outputs, dtype=accumulator_dtype)
+    expanded_coeffs = coeffs.expand(shape)
     initial_strides, initial_sequence = _initial_strides(initial, dim, packed)
-    tensors = [d_outputs, coeffs.expand(shape), outputs, d_inputs, d_coeffs_buffer]
+    # The layout and the plan do not depend on d_coeffs' buffer, which needs the number of segments.
+    probe = [d_outputs, expanded_coeffs, outputs, d_inputs]
+    layout, _ = _planned(shape, dim, probe, "rrrw", initial_strides)
+    plan = _plan(layout, d_outputs.dtype, d_outputs.device, _extent(*probe), block_length, block_channels)
+    if full_coeffs:
+        d_coeffs_buffer = sums = d_coeffs
+    elif sum_over_time:
+        sums = outputs.new_empty((plan.segments, *outputs.narrow(dim, 0, 1).shape), dtype=accumulator_dtype)
+        d_coeffs_buffer = sums[0].expand(shape)
+    else:
+        d_coeffs_buffer = sums = torch.empty_like(outputs, dtype=accumulator_dtype)
+    tensors = [*probe, d_coeffs_buffer]
     layout, planned = _planned(shape, dim, tensors, "rrrwk" if sum_over_time else "rrrww", initial_strides)
-    config = _config(layout, layout.strides[0][2], d_outputs.device, block_length, block_channels)
-    grid, sizes, accumulator, index_64 = _launch_common(layout, config, d_outputs.dtype, _extent(*planned))
     cu_seqlens_arg, sequence = _packing(cu_seqlens, layout.length, d_outputs)
     placeholder = d_outputs  # a pointer for the arguments a specialization does not read
-    with _device_guard(d_outputs):
-        linrec_backward_kernel[grid](
+
+    def run(carries=placeholder, products=placeholder, aggregate=False, carry_in=False):
+        linrec_backward_kernel[plan.grid()](
             *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, sequence, *planned[3:],
-            d_initial if initial is not None else placeholder, *sizes,
+            d_initial if initial is not None else placeholder, carries, products,
+            *plan.sizes(), sums.stride(0) if sum_over_time else 0,
             *layout.strides[0], *layout.strides[1], *layout.strides[2],
             *_initial_args(layout, initial, initial_sequence), *layout.strides[3], *layout.strides[4],
             REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
-            SUM_COEFFS_OVER_TIME=sum_over_time, ACC=accumulator, INDEX_64=index_64,
-            BLOCK_L=config.block_length, BLOCK_C=config.block_channels, num_warps=config.warps,
+            SUM_COEFFS_OVER_TIME=sum_over_time, AGGREGATE=aggregate, CARRY_IN=carry_in, **plan.constants(),
         )
+
+    with _device_guard(d_outputs):
+        if plan.segments == 1:
+            run()
+        else:
+            carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), not reverse,
+                               None, d_outputs.device)
+            run(carries, carry_in=True)
     _copy_back(planned, tensors)
-    if d_coeffs_buffer is not d_coeffs:
-        per_element = d_coeffs_buffer.narrow(dim, 0, 1) if sum_over_time else d_coeffs_buffer
+    if sums is not d_coeffs:
+        per_element = sums.sum(0).narrow(dim, 0, 1) if sum_over_time else sums
         d_coeffs.copy_(per_element.sum_to_size(coeffs.shape))
     return d_inputs, d_coeffs, d_initial
