@@ -2,7 +2,7 @@
 on the GPU machine: each variant replaces module constants, then times forward and backward of every
 shape with the tiles the heuristic then chooses.
 
-    python tools/triton_sweep.py [--dtypes float32] 'TILE_ELEMENTS=1024,WARPS_BY_TILE={0:1,512:4}' ... -- SHAPE:DIM ...
+    python tools/triton_sweep.py [--dtypes float32] --cases SHAPE:DIM ... -- 'TILE_ELEMENTS=1024;WARPS_BY_TILE={0:1,512:4}' ...
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from linrec.bench import timer
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="float32")
-    parser.add_argument("variants", nargs="+", help="NAME=VALUE,... per variant, then -- and SHAPE:DIM cases")
+    parser.add_argument("--cases", nargs="+", required=True, help="SHAPE:DIM, e.g. 16x2048x1024:1")
+    parser.add_argument("variants", nargs="+", help="NAME=VALUE;... per variant ('' for the defaults)")
     args = parser.parse_args()
-    split = args.variants.index("--")
-    variants, cases = args.variants[:split], args.variants[split + 1 :]
+    variants, cases = args.variants, args.cases
     time_ms = timer(torch.device("cuda"))
     defaults = {name: getattr(configs, name) for name in dir(configs) if name.isupper()}
     for variant in variants:
