@@ -140,9 +140,15 @@ def _check_ops(inputs, coeffs, kwargs, tile):
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("case", ["time_last", "time_last_initial", "per_channel_coeffs", "per_step_coeffs",
                                   "packed_initial", "log_coeffs_broadcast"])
-def test_time_split_across_programs(device, seed, case, reverse):
+def test_time_split_across_programs(device, seed, monkeypatch, case, reverse):
     """Few rows and a long time dim: segments scanned by separate programs, joined by a scan over the
-    segments' composed maps (forced 16-step tiles make 300 steps several segments)."""
+    segments' composed maps (forced 16-step tiles make 301 steps several segments, and the threshold is
+    raised so that the few rows of these shapes split on any machine)."""
+    from linrec._triton import configs, launch
+
+    monkeypatch.setattr(configs, "SPLIT_BELOW_PROGRAMS_PER_MULTIPROCESSOR", 1 << 20)
+    launch._plan.cache_clear()
+    monkeypatch.setattr(launch, "_plan", launch._plan.__wrapped__)  # no plan cached under these settings
     shape, dim, coeffs_shape, with_initial, offsets, log_coeffs = CASES[case]
     long_shape = list(shape)
     long_shape[dim] = 301
@@ -154,7 +160,14 @@ def test_time_split_across_programs(device, seed, case, reverse):
     inputs, coeffs, kwargs = _case(case, torch.float64, device, cases)
     layout_channels = 1 if dim % inputs.dim() == inputs.dim() - 1 else inputs.shape[-1]
     tile = (16, max(1, 1 << (layout_channels - 1).bit_length()))
+    assert launch._plan(plan_layout(inputs, kwargs["dim"]), inputs.dtype, inputs.device, *tile).segments > 1
     _check_ops(inputs, coeffs, dict(kwargs, reverse=reverse), tile)
+
+
+def plan_layout(inputs, dim):
+    from linrec._triton.layout import plan
+
+    return plan(tuple(inputs.shape), dim % inputs.dim(), (inputs.stride(),))
 
 
 @pytest.mark.parametrize("kind", ["transposed", "sliced"])
@@ -175,7 +188,7 @@ def test_layout_that_does_not_merge_runs_on_copies(device, seed):
 
     inputs = random_values((2, 19, 4, 3), torch.float32, device).transpose(-1, -2)
     coeffs = random_coeffs((2, 19, 3, 4), torch.float32, device)
-    assert plan(inputs.shape, 1, [inputs.stride(), coeffs.stride()]) is None
+    assert plan(tuple(inputs.shape), 1, (inputs.stride(), coeffs.stride())) is None
     check_against_reference(inputs, coeffs, torch.float32, dim=1, backend="triton")
 
 

@@ -19,9 +19,11 @@ MIN_BLOCK_L = 16
 #: time step, whole 32-byte sectors; wider blocks only lengthen the per-step reduction of the carry.
 MAX_BLOCK_C = 64
 #: Fewer programs than this many per multiprocessor leave multiprocessors idle: the channel block
-#: narrows (and the tile lengthens) down to MIN_CHANNEL_BYTES of a time step to make more of them,
-#: and beyond that the time dim splits into segments (SPLIT_PROGRAMS_PER_MULTIPROCESSOR programs).
+#: narrows (and the tile lengthens) down to MIN_CHANNEL_BYTES of a time step to make more of them.
+#: Below SPLIT_BELOW_PROGRAMS_PER_MULTIPROCESSOR the time dim splits into segments, as many as make
+#: SPLIT_PROGRAMS_PER_MULTIPROCESSOR programs: the split reads inputs and coefficients twice.
 PROGRAMS_PER_MULTIPROCESSOR = 4
+SPLIT_BELOW_PROGRAMS_PER_MULTIPROCESSOR = 2
 #: A 128-byte line per time step: narrower channel blocks read partial lines.
 MIN_CHANNEL_BYTES = 128
 SPLIT_PROGRAMS_PER_MULTIPROCESSOR = 8
@@ -81,7 +83,7 @@ def segment_length(layout: Layout, config: TileConfig, multiprocessors: int) -> 
     programs = _programs(layout, config.block_channels)
     wanted = -(-SPLIT_PROGRAMS_PER_MULTIPROCESSOR * multiprocessors // programs)
     segments = min(wanted, layout.length // (MIN_SEGMENT_TILES * config.block_length))
-    if programs >= PROGRAMS_PER_MULTIPROCESSOR * multiprocessors or segments < 2:
+    if programs >= SPLIT_BELOW_PROGRAMS_PER_MULTIPROCESSOR * multiprocessors or segments < 2:
         return layout.length
     tiles = -(-layout.length // (segments * config.block_length))
     return tiles * config.block_length

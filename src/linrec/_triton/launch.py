@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 import triton
@@ -114,8 +114,8 @@ class _Plan:
                     BLOCK_L=self.config.block_length, BLOCK_C=self.config.block_channels, num_warps=self.config.warps)
 
 
-def _plan(layout: Layout, dtype: torch.dtype, device: torch.device, extent: int, block_length: int,
-          block_channels: int) -> _Plan:
+@lru_cache(maxsize=4096)
+def _plan(layout: Layout, dtype: torch.dtype, device: torch.device, block_length: int, block_channels: int) -> _Plan:
     multiprocessors = _multiprocessors(device)
     if block_length or block_channels:
         config = configs.forced(block_length or configs.MIN_BLOCK_L, block_channels or 1)
@@ -124,7 +124,7 @@ def _plan(layout: Layout, dtype: torch.dtype, device: torch.device, extent: int,
         config = configs.choose(layout, time_contiguous, dtype.itemsize, multiprocessors)
     accumulator_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     return _Plan(layout, config, configs.segment_length(layout, config, multiprocessors), accumulator_dtype,
-                 extent > _INT32_ELEMENTS)
+                 layout.extent() > _INT32_ELEMENTS)
 
 
 def _carries(plan: _Plan, aggregate, scan_reverse: bool, initial: torch.Tensor | None, device: torch.device):
@@ -153,12 +153,6 @@ def _initial_state(plan: _Plan, initial: torch.Tensor | None, packed: bool) -> t
     return view.reshape(plan.rows, layout.channels).to(plan.accumulator_dtype)
 
 
-def _extent(*tensors: torch.Tensor | None) -> int:
-    """The largest element offset any operand reaches."""
-    return max((sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1)
-               for t in tensors if t is not None and t.numel())
-
-
 def _packing(cu_seqlens: torch.Tensor | None, length: int, like: torch.Tensor):
     """The kernels' cu_seqlens and sequence-index pointers (unused placeholders without packing)."""
     if cu_seqlens is None:
@@ -172,14 +166,14 @@ def _planned(shape: torch.Size, dim: int, tensors: list[torch.Tensor], roles: st
     w (written) or k (kept: a stride-0 sum buffer, which merges with any dense layout). Where the strides
     do not merge, the layout of contiguous copies of the read ones and fresh buffers for the written ones,
     which ``_copy_back`` copies to the tensors."""
-    extra = [initial_strides] if initial_strides else []
-    layout = plan(shape, dim, [t.stride() for t in tensors] + extra)
+    extra = (initial_strides,) if initial_strides else ()
+    layout = plan(tuple(shape), dim, tuple(t.stride() for t in tensors) + extra)
     if layout is not None:
         return layout, tensors
     dense = [t.contiguous() if role == "r" else
              torch.empty(t.shape, dtype=t.dtype, device=t.device) if role == "w" and not t.is_contiguous() else t
              for t, role in zip(tensors, roles)]
-    return plan(shape, dim, [t.stride() for t in dense] + extra), dense
+    return plan(tuple(shape), dim, tuple(t.stride() for t in dense) + extra), dense
 
 
 def _copy_back(planned: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
@@ -216,7 +210,7 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
     initial_strides, initial_sequence = _initial_strides(initial, dim, packed)
     tensors = [inputs, coeffs.expand(inputs.shape), outputs]
     layout, planned = _planned(inputs.shape, dim, tensors, "rrw", initial_strides)
-    plan = _plan(layout, inputs.dtype, inputs.device, _extent(*planned), block_length, block_channels)
+    plan = _plan(layout, inputs.dtype, inputs.device, block_length, block_channels)
     cu_seqlens_arg, sequence = _packing(cu_seqlens, layout.length, inputs)
     placeholder = inputs  # a pointer for the arguments a specialization does not read
 
@@ -269,7 +263,7 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
     # The layout and the plan do not depend on d_coeffs' buffer, which needs the number of segments.
     probe = [d_outputs, expanded_coeffs, outputs, d_inputs]
     layout, _ = _planned(shape, dim, probe, "rrrw", initial_strides)
-    plan = _plan(layout, d_outputs.dtype, d_outputs.device, _extent(*probe), block_length, block_channels)
+    plan = _plan(layout, d_outputs.dtype, d_outputs.device, block_length, block_channels)
     if full_coeffs:
         d_coeffs_buffer = sums = d_coeffs
     elif sum_over_time:

@@ -7,6 +7,7 @@ scans a block of neighbouring rows. Nothing is copied; a layout that does not me
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 Strides = tuple[int, ...]
 
@@ -20,6 +21,11 @@ class Layout:
     length: int
     channels: int
     strides: tuple[tuple[int, int, int, int], ...]
+
+    def extent(self) -> int:
+        """The largest element offset past its start that any operand's view reaches, plus one."""
+        sizes = (self.batch0, self.batch1, self.length, self.channels)
+        return max(sum((size - 1) * stride for size, stride in zip(sizes, operand)) for operand in self.strides) + 1
 
 
 def _merged(sizes: list[int], strides: list[Strides]) -> list[tuple[int, list[int]]]:
@@ -39,7 +45,8 @@ def _merged(sizes: list[int], strides: list[Strides]) -> list[tuple[int, list[in
     return merged
 
 
-def plan(shape: tuple[int, ...], dim: int, strides: list[Strides]) -> Layout | None:
+@lru_cache(maxsize=4096)  # the layers of a model call with the same few layouts: plan each once
+def plan(shape: tuple[int, ...], dim: int, strides: tuple[Strides, ...]) -> Layout | None:
     """The four-dim view of operands of `shape` (each given by its strides, 0 where it broadcasts)
     scanned along `dim`, or None when their strides do not merge into it."""
     operands = len(strides)
