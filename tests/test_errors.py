@@ -44,7 +44,7 @@ C = torch.rand(3, 5)
         (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0, 9, 2, 9, 5])[::2]), ValueError, r"cu_seqlens must be contiguous, got stride 2"),
         (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([5])), ValueError, r"cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape \[1\]"),
         (dict(inputs=X[None], coeffs=C[None], cu_seqlens=torch.tensor([0, 2, 5]), initial=torch.rand(1, 3)), ValueError, r"initial must have shape \[2, 3\] \(the shape of inputs without the time dim, dim 0 counting the cu_seqlens sequences\), got \[1, 3\]"),
-        (dict(inputs=X, coeffs=C, backend="cuda"), ValueError, r"backend must be one of 'auto', 'loop', 'hop', 'heinsen', got 'cuda'"),
+        (dict(inputs=X, coeffs=C, backend="cuda"), ValueError, r"backend must be one of 'auto', 'triton', 'loop', 'hop', 'heinsen', got 'cuda'"),
     ],
 )
 def test_public_api_errors(kwargs, error, message):

@@ -89,17 +89,18 @@ class _Plan:
     accumulator_dtype: torch.dtype
     index_64: bool
 
+    # Plain integer arithmetic: triton.cdiv is a jit function, whose call from Python costs microseconds.
     @property
     def rows(self) -> int:
         return self.layout.batch0 * self.layout.batch1
 
     @property
     def segments(self) -> int:
-        return triton.cdiv(self.layout.length, self.segment_length)
+        return -(-self.layout.length // self.segment_length)
 
     @property
     def channel_blocks(self) -> int:
-        return triton.cdiv(self.layout.channels, self.config.block_channels)
+        return -(-self.layout.channels // self.config.block_channels)
 
     def grid(self) -> tuple[int]:
         return (self.segments * self.rows * self.channel_blocks,)
