@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import torch
-import triton
 import triton.language as tl
 
 from . import configs
