@@ -6,6 +6,7 @@ shapes; on a GPU machine they run compiled, on larger shapes too."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from helpers import (
 import linrec
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
-_INTERPRETED = _HAS_TRITON and __import__("os").environ.get("TRITON_INTERPRET") == "1"
+_INTERPRETED = _HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 
 TRITON_DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs triton, on its interpreter (no GPU)")),

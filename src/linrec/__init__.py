@@ -18,6 +18,7 @@ from ._autograd import COMPILED, TRITON, Kernels, apply_forward, direct
 from ._checks import check_arguments, check_bool, check_cu_seqlens_values
 from ._ops import HAS_CUDA_KERNELS
 from ._runtime import build_info, cuda_driver_version, cuda_problem
+from ._triton import check_dtype as _triton_check_dtype
 from ._triton import missing as _triton_missing
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
@@ -68,11 +69,7 @@ def _check_triton_device(inputs: torch.Tensor) -> None:
     problem = _triton_missing()
     if problem is not None:
         raise RuntimeError(problem)
-    if inputs.is_complex():
-        raise TypeError(
-            f"linrec: backend='triton' takes float32, float64, float16 or bfloat16, got {inputs.dtype}; "
-            "complex recurrences run on backend='auto'"
-        )
+    _triton_check_dtype("linrec", inputs.dtype)
     if not (inputs.is_cuda or inputs.is_cpu or inputs.is_meta):
         raise ValueError(f"linrec: backend='triton' runs on GPU tensors (CUDA or ROCm), got {inputs.device}")
 

@@ -21,3 +21,12 @@ def missing() -> str | None:
         return ("linrec: backend='triton' needs the triton package, which is not installed: "
                 "pip install triton (or pip install 'linrec[triton]')")
     return None
+
+
+def check_dtype(op: str, dtype: "torch.dtype") -> None:
+    """The Triton kernels take real dtypes; complex recurrences run on the compiled kernels."""
+    if dtype.is_complex:
+        raise TypeError(
+            f"{op}: backend='triton' takes float32, float64, float16 or bfloat16, got {dtype}; "
+            "complex recurrences run on backend='auto'"
+        )

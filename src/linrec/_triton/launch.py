@@ -12,7 +12,7 @@ from functools import cache, lru_cache
 import torch
 import triton.language as tl
 
-from . import configs
+from . import check_dtype, configs
 from .kernels import linrec_backward_kernel, linrec_forward_kernel
 from .layout import Layout, plan
 
@@ -36,14 +36,6 @@ def _check_device(op: str, tensor: torch.Tensor) -> None:
             "the first call (the kernels were compiled for a GPU), or use backend='auto' on the CPU"
         )
     raise RuntimeError(f"{op}: backend='triton' runs on GPU tensors (CUDA or ROCm), got {tensor.device}")
-
-
-def _check_dtype(op: str, tensor: torch.Tensor) -> None:
-    if tensor.is_complex():
-        raise TypeError(
-            f"{op}: backend='triton' takes float32, float64, float16 or bfloat16, got {tensor.dtype}; "
-            "complex recurrences run on backend='auto'"
-        )
 
 
 @cache
@@ -200,7 +192,7 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
             block_length: int = 0, block_channels: int = 0) -> torch.Tensor:
     op = "linrec.triton_forward"
     _check_device(op, inputs)
-    _check_dtype(op, inputs)
+    check_dtype(op, inputs.dtype)
     dim %= inputs.dim()
     outputs = torch.empty_like(inputs)
     if inputs.numel() == 0:
@@ -240,7 +232,7 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = "linrec.triton_backward"
     _check_device(op, d_outputs)
-    _check_dtype(op, d_outputs)
+    check_dtype(op, d_outputs.dtype)
     dim %= d_outputs.dim()
     shape = d_outputs.shape
     packed = cu_seqlens is not None
@@ -296,6 +288,6 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
             run(carries, carry_in=True)
     _copy_back(planned, tensors)
     if sums is not d_coeffs:
-        per_element = sums.sum(0).narrow(dim, 0, 1) if sum_over_time else sums
+        per_element = sums.sum(0) if sum_over_time else sums  # summed over segments
         d_coeffs.copy_(per_element.sum_to_size(coeffs.shape))
     return d_inputs, d_coeffs, d_initial
