@@ -23,7 +23,7 @@ from ._triton import missing as _triton_missing
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
 from ._selective_scan import selective_scan
-from . import nn, rl  # they call linrec.linrec, defined below, at run time only
+from . import distributed, nn, rl  # they call linrec.linrec and its backend choice, defined below, at run time only
 
 #: Every value ``backend`` accepts: the compiled kernels ("auto"), the Triton kernels and the pure-PyTorch
 #: references.
@@ -34,6 +34,7 @@ __all__ = [
     "HAS_CUDA_KERNELS",
     "REFERENCES",
     "__version__",
+    "distributed",
     "linrec",
     "linrec_heinsen",
     "linrec_hop",
