@@ -59,6 +59,19 @@ def test_first_coefficient_gets_zero_gradient(device):
     assert coeffs.grad.tolist() == [0.0, 3.0, 2.5]
 
 
+@pytest.mark.parametrize("coeff_shape", [(3, 1), (1,), ()])
+def test_empty_time_dim_gives_zero_coefficient_gradient(device, coeff_shape):
+    """No step contributes to a coefficient that broadcasts along an empty time dim: its gradient is 0
+    (d_coeffs, which has more elements than the outputs here, is allocated, not left unwritten)."""
+    inputs = torch.randn(3, 0, device=device, requires_grad=True)
+    coeffs = torch.rand(coeff_shape, device=device, requires_grad=True)
+    initial = torch.randn(3, device=device, requires_grad=True)
+    grads = torch.autograd.grad(linrec.linrec(inputs, coeffs, initial=initial).sum(), [inputs, coeffs, initial])
+    assert grads[0].shape == (3, 0)
+    assert grads[1].shape == coeff_shape and (grads[1] == 0).all()
+    assert (grads[2] == 0).all()
+
+
 def test_backward_op_directly(device, seed):
     d_outputs, coeffs = random_operands((5, 77), torch.float32, device)
     outputs = linrec.linrec(*random_operands((5, 77), torch.float32, device))

@@ -322,10 +322,12 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   const bool in_kernel = broadcast && Sum == CoeffGradientSum::InKernel;
   // Per element: laid out like outputs (coeffs of another shape with as many elements, such as
   // coeffs without inputs' leading dims of size 1, take their own dense layout). Summed in the
-  // kernel: a zeroed buffer of the sum's dtype in coeffs' shape.
+  // kernel: a zeroed buffer of the sum's dtype in coeffs' shape. Zeros where no element exists to
+  // contribute (an empty time dim under coeffs that broadcast along it).
   Tensor d_coeffs = in_kernel                  ? torch::stable::new_zeros(coeffs, coeff_sizes, sum_dtype(coeffs))
                     : broadcast                ? torch::stable::empty_like(outputs)
                     : coeff_sizes == args.sizes ? torch::stable::empty_like(outputs)
+                    : d_outputs.numel() == 0    ? torch::stable::new_zeros(coeffs, coeff_sizes)
                                                 : torch::stable::new_empty(coeffs, coeff_sizes);
 
   BackwardParams params;
