@@ -239,7 +239,7 @@ _LIBRARY.define(
     "bool log_coeffs, str group_name) -> (Tensor, Tensor)"
 )
 _LIBRARY.define(
-    "sequence_parallel_backward(Tensor d_outputs, Tensor coeffs, Tensor outputs, Tensor? initial, Tensor maps, "
+    "sequence_parallel_backward(Tensor d_outputs, Tensor coeffs, Tensor outputs, Tensor? initial, Tensor carries, "
     "int dim, bool reverse, bool log_coeffs, str group_name) -> (Tensor, Tensor, Tensor)"
 )
 
@@ -281,11 +281,9 @@ def _coeff_product(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int, log_coe
     return product.expand(_state_shape(inputs, dim))
 
 
-def _incoming_state(kernels, maps: torch.Tensor, rank: int, reverse: bool, dtype: torch.dtype) -> torch.Tensor:
-    """The state before this rank's chunk: the gathered maps (rank, (A, b), *state) composed in scan order,
-    itself a recurrence over the ranks."""
-    through = kernels.forward(maps[:, 1], maps[:, 0], 0, reverse, None, None, False)
-    return through[rank + 1 if reverse else rank - 1].to(dtype)
+def _incoming(initial: torch.Tensor | None, carries: torch.Tensor, position: int, dtype: torch.dtype):
+    """The state this chunk started from: ``initial`` for the first chunk, else the one the forward kept."""
+    return initial if position == 0 else carries[1].to(dtype)
 
 
 def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_name):
@@ -293,7 +291,7 @@ def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_nam
     dim, kernels = _checked(inputs, coeffs, initial, dim, reverse, log_coeffs, group)
     rank, world, position = _position(group, reverse)
     length, state = inputs.shape[dim], _state_shape(inputs, dim)
-    product = final = inputs.new_zeros(state, dtype=_carry_dtype(inputs.dtype))
+    product = final = incoming = inputs.new_zeros(state, dtype=_carry_dtype(inputs.dtype))
     outputs = None
     with torch.no_grad():
         if position < world - 1:  # the later chunks need this one's map
@@ -307,31 +305,35 @@ def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_nam
                 product = _coeff_product(inputs, coeffs, dim, log_coeffs)
         maps = _gather(torch.stack([product, final]), group)
         if position > 0:
-            incoming = _incoming_state(kernels, maps, rank, reverse, inputs.dtype)
-            outputs = kernels.forward(inputs, coeffs, dim, reverse, incoming, None, log_coeffs)
+            # The maps composed in scan order (a recurrence over the ranks); this chunk starts from the state
+            # the chunk before it leaves.
+            through = kernels.forward(maps[:, 1], maps[:, 0], 0, reverse, None, None, False)
+            incoming = through[rank + 1 if reverse else rank - 1]
+            outputs = kernels.forward(inputs, coeffs, dim, reverse, incoming.to(inputs.dtype), None, log_coeffs)
         elif outputs is None:  # the group's only chunk, or an empty first one
             outputs = kernels.forward(inputs, coeffs, dim, reverse, initial, None, log_coeffs)
-    return outputs, maps
+    # What the backward needs of this chunk: its product of coefficients and the state it started from.
+    return outputs, torch.stack([product, incoming])
 
 
-def _backward_kernel(d_outputs, coeffs, outputs, initial, maps, dim, reverse, log_coeffs, group_name):
+def _backward_kernel(d_outputs, coeffs, outputs, initial, carries, dim, reverse, log_coeffs, group_name):
     group = _resolve(group_name)
     rank, world, position = _position(group, reverse)
     kernels = _package._kernels("auto", outputs)
     length = outputs.shape[dim]
     with torch.no_grad():
-        incoming = initial if position == 0 else _incoming_state(kernels, maps, rank, reverse, outputs.dtype)
-        arriving = outputs.new_zeros(_state_shape(outputs, dim), dtype=_carry_dtype(outputs.dtype))
+        incoming = _incoming(initial, carries, position, outputs.dtype)
+        arriving = torch.zeros_like(carries[1])
         gradients = None
         if position > 0:  # from no gradient arriving: the chunk's map of the gradient is its d_initial
             gradients = kernels.backward(d_outputs, coeffs, outputs, dim, reverse, incoming, None, log_coeffs)
             if length:
                 arriving = gradients[2].to(arriving.dtype)
-        arrived = _gather(arriving, group)
+        maps = _gather(torch.stack([carries[0], arriving]), group)
         if position < world - 1:
             # The gradient reaching this chunk's last step from the later chunks: their maps of the gradient
             # composed against the scan's direction, with the conjugated coefficient products.
-            through = kernels.forward(arrived, maps[:, 0].conj(), 0, not reverse, None, None, False)
+            through = kernels.forward(maps[:, 1], maps[:, 0].conj(), 0, not reverse, None, None, False)
             carry = through[rank - 1 if reverse else rank + 1].to(outputs.dtype)
             driving = d_outputs.clone()
             if length:
@@ -350,11 +352,11 @@ def _backward_kernel(d_outputs, coeffs, outputs, initial, maps, dim, reverse, lo
 
 def _forward_fake(inputs, coeffs, initial, dim, reverse, log_coeffs, group_name):
     dim = check_arguments(_OP, inputs, coeffs, dim, initial, None, log_coeffs)
-    maps_shape = (_resolve(group_name).size(), 2, *_state_shape(inputs, dim))
-    return torch.empty_like(inputs), inputs.new_empty(maps_shape, dtype=_carry_dtype(inputs.dtype))
+    carries_shape = (2, *_state_shape(inputs, dim))
+    return torch.empty_like(inputs), inputs.new_empty(carries_shape, dtype=_carry_dtype(inputs.dtype))
 
 
-def _backward_fake(d_outputs, coeffs, outputs, initial, maps, dim, reverse, log_coeffs, group_name):
+def _backward_fake(d_outputs, coeffs, outputs, initial, carries, dim, reverse, log_coeffs, group_name):
     d_coeffs = torch.empty_like(outputs) if coeffs.shape == outputs.shape else coeffs.new_empty(coeffs.shape)
     d_initial = torch.empty_like(initial) if initial is not None else d_outputs.new_zeros((0,))
     return torch.empty_like(outputs), d_coeffs, d_initial
@@ -373,37 +375,36 @@ _BACKWARD = torch.ops.linrec.sequence_parallel_backward.default
 # ----- derivatives ----------------------------------------------------------------------------------------
 
 class _SequenceParallel(_SingleLevelFunction):
-    """The forward op as (inputs, coeffs, initial, options) -> (outputs, maps), options = (dim, reverse,
-    log_coeffs, group_name). Its backward and jvp are the ops again, over the whole group."""
+    """The forward op as (inputs, coeffs, initial, options) -> (outputs, carries), options = (dim, reverse,
+    log_coeffs, group_name); carries holds this chunk's product of coefficients and incoming state. Its
+    backward and jvp are the ops again, over the whole group."""
 
     @staticmethod
     def forward(ctx, inputs, coeffs, initial, options):
         with _below_this_level():
-            outputs, maps = _FORWARD(inputs, coeffs, initial, *options)
-        ctx.save_for_backward(coeffs, outputs, initial, maps)
+            outputs, carries = _FORWARD(inputs, coeffs, initial, *options)
+        ctx.save_for_backward(coeffs, outputs, initial, carries)
         if not _plain_autograd():  # jvp runs under forward-mode AD only
-            ctx.save_for_forward(coeffs, outputs, initial, maps)
+            ctx.save_for_forward(coeffs, outputs, initial, carries)
         ctx.options = (options[0] % inputs.dim(), *options[1:])
-        ctx.mark_non_differentiable(maps)
-        return outputs, maps
+        ctx.mark_non_differentiable(carries)
+        return outputs, carries
 
     @staticmethod
-    def backward(ctx, d_outputs, _d_maps):
-        coeffs, outputs, initial, maps = ctx.saved_tensors
-        d_inputs, d_coeffs, d_initial = _BACKWARD(d_outputs, coeffs, outputs, initial, maps, *ctx.options)
+    def backward(ctx, d_outputs, _d_carries):
+        coeffs, outputs, initial, carries = ctx.saved_tensors
+        d_inputs, d_coeffs, d_initial = _BACKWARD(d_outputs, coeffs, outputs, initial, carries, *ctx.options)
         return d_inputs, d_coeffs, d_initial if initial is not None else None, None
 
     @staticmethod
     def jvp(ctx, t_inputs, t_coeffs, t_initial, _options):
         # The tangent is the recurrence over the whole sequence driven by x' + c' * prev(y), from h'.
         _check_single_forward_mode_level()
-        coeffs, outputs, initial, maps = ctx.saved_tensors
+        coeffs, outputs, initial, carries = ctx.saved_tensors
         dim, reverse, log_coeffs, group_name = ctx.options
         driving = t_inputs
         if t_coeffs is not None:
-            rank, _, position = _position(_resolve(group_name), reverse)
-            kernels = _package._kernels("auto", outputs)
-            incoming = initial if position == 0 else _incoming_state(kernels, maps, rank, reverse, outputs.dtype)
+            incoming = _incoming(initial, carries, _position(_resolve(group_name), reverse)[2], outputs.dtype)
             previous = previous_step(outputs, incoming, dim, reverse, None)
             driving = _add(driving, _times_c_in_log_space(t_coeffs, coeffs, log_coeffs) * previous)
         tangent, _ = _FORWARD(_full(driving, outputs), coeffs, t_initial, dim, reverse, log_coeffs, group_name)
@@ -414,9 +415,9 @@ class _SequenceParallelBackward(_SingleLevelFunction):
     """The backward op, differentiable once: its own derivatives raise when they are asked for."""
 
     @staticmethod
-    def forward(ctx, d_outputs, coeffs, outputs, initial, maps, options):
+    def forward(ctx, d_outputs, coeffs, outputs, initial, carries, options):
         with _below_this_level():
-            return _BACKWARD(d_outputs, coeffs, outputs, initial, maps, *options)
+            return _BACKWARD(d_outputs, coeffs, outputs, initial, carries, *options)
 
     @staticmethod
     def backward(ctx, *_cotangents):
@@ -437,14 +438,14 @@ def _forward_autograd(keyset, inputs, coeffs, initial, dim, reverse, log_coeffs,
     return _FORWARD.redispatch(keyset & torch._C._after_autograd_keyset, inputs, coeffs, initial, *options)
 
 
-def _backward_autograd(keyset, d_outputs, coeffs, outputs, initial, maps, dim, reverse, log_coeffs, group_name):
+def _backward_autograd(keyset, d_outputs, coeffs, outputs, initial, carries, dim, reverse, log_coeffs, group_name):
     options = (dim, reverse, log_coeffs, group_name)
     if not _plain_autograd():
         with enable_single_level_autograd_function():
-            return _SequenceParallelBackward.apply(d_outputs, coeffs, outputs, initial, maps, options)
+            return _SequenceParallelBackward.apply(d_outputs, coeffs, outputs, initial, carries, options)
     if _records((d_outputs, coeffs, outputs, initial)):
-        return _SequenceParallelBackward.apply(d_outputs, coeffs, outputs, initial, maps, options)
-    return _BACKWARD.redispatch(keyset & torch._C._after_autograd_keyset, d_outputs, coeffs, outputs, initial, maps,
+        return _SequenceParallelBackward.apply(d_outputs, coeffs, outputs, initial, carries, options)
+    return _BACKWARD.redispatch(keyset & torch._C._after_autograd_keyset, d_outputs, coeffs, outputs, initial, carries,
                                 *options)
 
 
