@@ -257,6 +257,7 @@ def _rank_main(rank, world, device, seed, directory):
     """One rank: joins the group and runs every family's cases, writing its failures to a file."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True  # outputs the kernels leave unwritten are NaN
+    torch.set_num_threads(1)  # tiny tensors: a pool of threads per rank would only oversubscribe the cores
     # Compiled graphs of this run only: inductor's cache keys do not cover a custom op's fake kernel.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(directory, "inductor"))
     if device == "cuda":
