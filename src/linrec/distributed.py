@@ -102,6 +102,8 @@ def _process_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
         raise RuntimeError(f"{_OP}: torch.distributed is not initialized: call torch.distributed.init_process_group first")
     if group is None:
         return dist.group.WORLD
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"{_OP}: this rank is not a member of group (torch.distributed.new_group left it out)")
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"{_OP}: group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
     return group
