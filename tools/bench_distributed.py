@@ -64,6 +64,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import linrec
+from linrec.bench import time_one_call
 from linrec.distributed import _agree, _carry_dtype, _gather, _local_record, _state_shape
 
 
@@ -117,17 +118,7 @@ class Timer:
         for _ in range(calls):
             dist.barrier()
             self.synchronize()
-            if self.device.type == "cuda":
-                start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start_event.record()
-                fn()
-                end_event.record()
-                end_event.synchronize()
-                times.append(start_event.elapsed_time(end_event))
-            else:
-                start = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - start) * 1e3)
+            times.append(time_one_call(fn, self.device.type))
         return statistics.median(times)
 
 

@@ -350,18 +350,24 @@ def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     return _median_wall_clock
 
 
-def _median_cuda_events(fn, repeats: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
+def time_one_call(fn: Callable[[], object], device_type: str) -> float:
+    """Milliseconds of one call: between CUDA events on the GPU, on the wall clock on the CPU."""
+    if device_type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return start.elapsed_time(end)
+    start_s = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start_s) * 1e3
+
+
+def _median_cuda_events(fn, repeats: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    return statistics.median(time_one_call(fn, "cuda") for _ in range(repeats))
 
 
 def _median_wall_clock(fn, budget_s: float = 0.3) -> float:
@@ -369,9 +375,7 @@ def _median_wall_clock(fn, budget_s: float = 0.3) -> float:
     times = []
     deadline = time.perf_counter() + budget_s
     while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 100):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append(time_one_call(fn, "cpu"))
     return statistics.median(times)
 
 
