@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import linrec
-from helpers import TOLERANCE, assert_matches, reference, reference_gradients, wide
+from helpers import TOLERANCE, assert_matches, random_coeffs, random_values, reference, reference_gradients, wide
 
 WORLD_SIZES = (1, 2, 3)
 # Chunk lengths per world size: equal and unequal chunks, a chunk of length 1 and an empty one.
@@ -57,28 +57,17 @@ def _summed_over_ranks(gradient: torch.Tensor) -> torch.Tensor:
     return total.cpu()
 
 
-def _check_case(device, rank, chunks, dtype, layout, kind, reverse, with_initial, log_coeffs, generator):
+def _check_case(device, rank, chunks, dtype, layout, kind, reverse, with_initial, log_coeffs, case_seed):
     """Outputs and every gradient of this rank's chunk against the reference of the whole sequence."""
     template, dim, coeff_shapes = LAYOUTS[layout]
     length = sum(chunks)
     shape, coeff_shape = _shape(template, length), _shape(coeff_shapes[kind], length)
-    complex_dtype = dtype.is_complex
-
-    def draw(size, low=None):
-        values = torch.rand(size, generator=generator, dtype=torch.float64) if low is not None else \
-            torch.randn(size, generator=generator, dtype=torch.float64)
-        if low is not None:  # coefficients of magnitude in (0.5, 1), random signs: long memory across chunks
-            values = (0.5 + values / 2) * (torch.randint(0, 2, size, generator=generator) * 2 - 1)
-        if complex_dtype:
-            values = torch.complex(values, torch.randn(size, generator=generator, dtype=torch.float64) * 0.3)
-            values = values / values.abs().clamp_min(1) if low is not None else values
-        return values.to(dtype)
-
-    inputs, d_outputs = draw(shape), draw(shape)
-    coeffs = draw(coeff_shape, low=0.5)
+    torch.manual_seed(case_seed)  # every rank draws the same whole sequence
+    inputs, d_outputs = random_values(shape, dtype), random_values(shape, dtype)
+    coeffs = random_coeffs(coeff_shape, dtype, min_magnitude=0.5)  # long memory: the state crosses chunks
     if log_coeffs:
         coeffs = coeffs.abs().log()
-    initial = draw([s for d, s in enumerate(shape) if d != dim % len(shape)]) if with_initial else None
+    initial = random_values([s for d, s in enumerate(shape) if d != dim % len(shape)], dtype) if with_initial else None
     kwargs = dict(dim=dim, reverse=reverse, initial=initial, log_coeffs=log_coeffs)
     expected = reference(inputs, coeffs, **kwargs)
     expected_grads = reference_gradients(d_outputs, inputs, coeffs, **kwargs)
@@ -138,9 +127,8 @@ def _matching_cases(world):
 
 def _family_matches(device, rank, world, seed):
     for index, case in enumerate(_matching_cases(world)):
-        generator = torch.Generator().manual_seed(seed + index)
         yield f"chunks={case[0]} {case[1]} {case[2]} coeffs={case[3]} reverse={case[4]} initial={case[5]} " \
-              f"log_coeffs={case[6]}", lambda case=case, generator=generator: _check_case(device, rank, *case, generator)
+              f"log_coeffs={case[6]}", lambda case=case, index=index: _check_case(device, rank, *case, seed + index)
 
 
 def _expect_error(error_type, match, call):

@@ -65,7 +65,9 @@ import torch.multiprocessing as mp
 
 import linrec
 from linrec.bench import time_one_call
-from linrec.distributed import _agree, _carry_dtype, _gather, _local_record, _state_shape
+from linrec._checks import initial_shape
+from linrec.distributed import _agree, _gather, _local_record
+from linrec.reference import compute_dtype
 
 
 class Case(NamedTuple):
@@ -156,7 +158,7 @@ def measure_times(case: Case, steps: int, device: torch.device, rank: int, world
     baseline = torch.cuda.memory_allocated(device) if args.capacity else 0
     inputs, coeffs, d_outputs = operands(case, steps, device, rank)
     x, c, dim = inputs.detach(), coeffs.detach(), case.dim
-    state = torch.zeros(_state_shape(x, dim), dtype=_carry_dtype(case.dtype), device=device)
+    state = torch.zeros(initial_shape(x, dim, None), dtype=compute_dtype(case.dtype), device=device)
     maps = torch.zeros(2, *state.shape, dtype=state.dtype, device=device)
     group = dist.group.WORLD
 

@@ -36,8 +36,9 @@ from ._autograd import (
     _records,
     _times_c_in_log_space,
 )
-from ._checks import SUPPORTED_DTYPES, check_arguments, check_bool
+from ._checks import SUPPORTED_DTYPES, check_arguments, check_bool, initial_shape
 from ._steps import previous_step
+from .reference import compute_dtype  # the maps are composed in the kernels' accumulation type
 
 __all__ = ["linrec"]
 
@@ -45,9 +46,9 @@ _OP = "linrec.distributed.linrec"
 #: The most dims the ranks' shapes are compared over (the check exchanges a fixed-size record).
 MAX_DIMS = 16
 _DEVICE_TYPES = ("cpu", "cuda")
-_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
-# all_gather_single is all_gather_into_tensor's name from torch 2.13 on.
-_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# all_gather_single is all_gather_into_tensor's name from torch 2.13 on (neither exists in a torch built
+# without torch.distributed, where the call raises before it needs one).
+_all_gather_into = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
 
 def linrec(
@@ -246,15 +247,6 @@ _LIBRARY.define(
 )
 
 
-def _carry_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The maps are composed in the kernels' accumulation type."""
-    return torch.float32 if dtype in _SIXTEEN_BIT else dtype
-
-
-def _state_shape(inputs: torch.Tensor, dim: int) -> list[int]:
-    return [size for d, size in enumerate(inputs.shape) if d != dim]
-
-
 def _position(group: dist.ProcessGroup, reverse: bool) -> tuple[int, int, int]:
     """(this rank, the group's size, this rank's chunk's place in the scan's order)."""
     rank, world = group.rank(), group.size()
@@ -273,14 +265,14 @@ def _gather(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 def _coeff_product(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int, log_coeffs: bool) -> torch.Tensor:
     """The product of this chunk's coefficients along time, in the state's shape and the carry dtype."""
-    dtype, length = _carry_dtype(inputs.dtype), inputs.shape[dim]
+    dtype, length = compute_dtype(inputs.dtype), inputs.shape[dim]
     aligned = coeffs.reshape((1,) * (inputs.dim() - coeffs.dim()) + tuple(coeffs.shape))
     if aligned.shape[dim] == 1 and length != 1:  # one coefficient for every step
         step = aligned.select(dim, 0).to(dtype)
         product = (step * length).exp() if log_coeffs else step ** length
     else:
         product = aligned.sum(dim, dtype=dtype).exp() if log_coeffs else aligned.prod(dim, dtype=dtype)
-    return product.expand(_state_shape(inputs, dim))
+    return product.expand(initial_shape(inputs, dim, None))
 
 
 def _incoming(initial: torch.Tensor | None, carries: torch.Tensor, position: int, dtype: torch.dtype):
@@ -292,8 +284,8 @@ def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_nam
     group = _resolve(group_name)
     dim, kernels = _checked(inputs, coeffs, initial, dim, reverse, log_coeffs, group)
     rank, world, position = _position(group, reverse)
-    length, state = inputs.shape[dim], _state_shape(inputs, dim)
-    product = final = incoming = inputs.new_zeros(state, dtype=_carry_dtype(inputs.dtype))
+    length, state = inputs.shape[dim], initial_shape(inputs, dim, None)
+    product = final = incoming = inputs.new_zeros(state, dtype=compute_dtype(inputs.dtype))
     outputs = None
     with torch.no_grad():
         if position < world - 1:  # the later chunks need this one's map
@@ -354,8 +346,8 @@ def _backward_kernel(d_outputs, coeffs, outputs, initial, carries, dim, reverse,
 
 def _forward_fake(inputs, coeffs, initial, dim, reverse, log_coeffs, group_name):
     dim = check_arguments(_OP, inputs, coeffs, dim, initial, None, log_coeffs)
-    carries_shape = (2, *_state_shape(inputs, dim))
-    return torch.empty_like(inputs), inputs.new_empty(carries_shape, dtype=_carry_dtype(inputs.dtype))
+    carries_shape = (2, *initial_shape(inputs, dim, None))
+    return torch.empty_like(inputs), inputs.new_empty(carries_shape, dtype=compute_dtype(inputs.dtype))
 
 
 def _backward_fake(d_outputs, coeffs, outputs, initial, carries, dim, reverse, log_coeffs, group_name):

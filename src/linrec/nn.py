@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .reference import compute_dtype
 import linrec as _linrec  # the package: linrec.linrec is looked up at call time (this module loads inside it)
 
 __all__ = ["EMA", "LRU", "MinGRU"]
@@ -93,7 +94,7 @@ def _scan_step(coeffs: torch.Tensor, state: torch.Tensor | None, inputs: torch.T
     """``coeffs * state + inputs`` as the kernels compute one position: 16-bit types in float32, the
     result rounded to the dtype of ``inputs``."""
     dtype = inputs.dtype
-    compute = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    compute = compute_dtype(dtype)
     inputs = inputs.to(compute)
     if state is None:
         return inputs.to(dtype)

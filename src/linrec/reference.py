@@ -16,14 +16,14 @@ import torch
 Recurrence = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """16-bit types compute in float32; the others as they are."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def linrec_loop(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """One step per time index, vectorized over the leading dims. Slow for long sequences, exact."""
-    dtype = _compute_dtype(inputs.dtype)
+    dtype = compute_dtype(inputs.dtype)
     steps = range(inputs.shape[-1] - 1, -1, -1) if reverse else range(inputs.shape[-1])
     outputs = []
     for step, l in enumerate(steps):
@@ -49,7 +49,7 @@ def linrec_hop(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = False
 
     if inputs.shape[-1] == 0:
         return inputs.clone()  # empty, but part of the autograd graph like any other result
-    dtype = _compute_dtype(inputs.dtype)
+    dtype = compute_dtype(inputs.dtype)
     _, outputs = associative_scan(
         _combine, (coeffs.to(dtype), inputs.to(dtype)), dim=inputs.dim() - 1, reverse=reverse, combine_mode="generic"
     )
@@ -90,7 +90,7 @@ def linrec_reference(
     broadcast coefficients, folds the initial state into the first input (``coeffs[first] * initial +
     inputs[first]``) and runs each packed sequence of ``cu_seqlens`` on its own. Arguments are assumed
     checked (``linrec.linrec`` does that)."""
-    dtype = _compute_dtype(inputs.dtype)
+    dtype = compute_dtype(inputs.dtype)
     coeffs = coeffs.to(dtype)
     if log_coeffs:
         coeffs = coeffs.exp()
