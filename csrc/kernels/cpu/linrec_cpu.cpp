@@ -1,12 +1,25 @@
-// CPU implementations of the linrec ops: the sequential recurrence, parallel over sequences on
-// PyTorch's intra-op thread pool, several sequences in lockstep per thread.
+// CPU implementations of the linrec ops. Each call picks one of three kernel families by layout:
+//   rows:       time contiguous (time last): a vector holds consecutive steps of one sequence
+//               (cpu/row_scan.h); sequences spread over the intra-op pool, or, when there are fewer
+//               than threads, each split across it (cpu/blocked_sequence.h).
+//   channels:   time strided, neighbouring sequences adjacent (time in the middle): a vector holds
+//               neighbouring sequences (cpu/channel_scan.h).
+//   sequential: anything else, and complex types: the plain recurrence over strided operands,
+//               several sequences in lockstep per thread (sequential_scan.h).
+// The vector kernels run on the widest instruction set the CPU has (cpu/isa.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <type_traits>
 
+#include "linrec/cpu/blocked_sequence.h"
+#include "linrec/cpu/channel_scan.h"
+#include "linrec/cpu/isa.h"
+#include "linrec/cpu/row_scan.h"
 #include "linrec/dispatch.h"
 #include "linrec/ops.h"
 #include "linrec/sequential_scan.h"
@@ -14,17 +27,78 @@
 namespace linrec {
 namespace {
 
-// Sequences scanned in lockstep by one thread: independent dependency chains in flight. 4 rather
-// than 8: the backward reads and writes 5 rows per sequence, and 8 lanes (40 streams) ran slower
-// than 4, likely past what the hardware prefetchers track (docs/design.md, CPU kernel).
+using cpu::Isa;
+using cpu::Order;
+
+// Elements a task of the pool takes at least: fewer would cost more in scheduling than they save.
+constexpr int64_t kGrainElements = 1 << 15;
+
+// Sequences scanned in lockstep by one thread of the sequential family: independent dependency
+// chains in flight. 4 rather than 8: the backward reads and writes 5 rows per sequence, and 8 lanes
+// (40 streams) ran slower than 4, likely past what the hardware prefetchers track.
 constexpr int kLanes = 4;
 
-// Calls scan.template operator()<Lanes>(rows, segment) for groups of kLanes consecutive batch rows of
-// one packed sequence (and single rows for the rest), spread over the thread pool in chunks of at
-// least kGrainElements elements so that short sequences do not pay a task each.
+enum class Family { Rows, Channels, Sequential };
+
+bool is_real(DType dtype) { return dtype != DType::Complex64 && dtype != DType::Complex128; }
+
+// Read operands may step by 1 or stay (stride 0: broadcast); written ones must step by 1.
+bool unit_or_broadcast(int64_t stride) { return stride == 0 || stride == 1; }
+
+// `read` and `written` operands along time (Rows) or along the innermost batch dim (Channels).
+Family family_of(const SequenceLayout& layout, std::initializer_list<const Operand*> read,
+                 std::initializer_list<const Operand*> written, std::initializer_list<const Operand*> states) {
+  if (!is_real(layout.dtype)) return Family::Sequential;
+  const auto all_of = [](auto operands, auto predicate) {
+    return std::all_of(operands.begin(), operands.end(), [&](const Operand* o) { return o->data == nullptr || predicate(o); });
+  };
+  if (all_of(read, [](const Operand* o) { return unit_or_broadcast(o->time_stride); }) &&
+      all_of(written, [](const Operand* o) { return o->time_stride == 1; }))
+    return Family::Rows;
+  const int inner = layout.shape.num_dims - 1;
+  if (inner >= 0 && all_of(read, [&](const Operand* o) { return unit_or_broadcast(o->strides[inner]); }) &&
+      all_of(written, [&](const Operand* o) { return o->strides[inner] == 1; }) &&
+      all_of(states, [&](const Operand* o) { return o->strides[inner] == 1; }))
+    return Family::Channels;
+  return Family::Sequential;
+}
+
+// Calls body.template operator()<T, O, LogCoeffs>() for the params' real dtype, order and encoding.
+template <typename Body>
+void dispatch_real(const SequenceLayout& layout, Order order, const Body& body) {
+  dispatch_dtype<c10::Half, c10::BFloat16>(layout.dtype, [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+      const auto with_order = [&]<Order O>() {
+        if (layout.log_coeffs) body.template operator()<T, O, true>();
+        else body.template operator()<T, O, false>();
+      };
+      if (order == Order::Ascending) with_order.template operator()<Order::Ascending>();
+      else with_order.template operator()<Order::Descending>();
+    }
+  });
+}
+
+// Runs scan(sequence) for every sequence (row * num_segments + segment... numbered segment-major) of
+// the rows family: one sequence per task of the pool where there are enough of them, else each split
+// across the pool.
+template <typename Scan, typename SplitScan>
+void for_each_row_sequence(const SequenceLayout& layout, const Scan& scan, const SplitScan& split_scan) {
+  const int64_t sequences = layout.num_rows() * layout.num_segments;
+  const int64_t threads = torch::stable::get_num_threads();
+  if (sequences < threads) {
+    for (int64_t sequence = 0; sequence < sequences; ++sequence) split_scan(sequence, threads);
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, layout.numel() / sequences));
+  torch::stable::parallel_for(0, sequences, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t sequence = begin; sequence < end; ++sequence) scan(sequence);
+  });
+}
+
+// The sequential family: groups of kLanes consecutive batch rows of one packed sequence (single rows
+// for the rest), spread over the pool.
 template <typename Scan>
 void for_each_sequence_group(const SequenceLayout& layout, const Scan& scan) {
-  constexpr int64_t kGrainElements = 1 << 15;
   const int64_t rows = layout.num_rows();
   const int64_t average_length = std::max<int64_t>(1, layout.seq_len / layout.num_segments);
   const int64_t grain = std::max<int64_t>(kLanes, kGrainElements / average_length);
@@ -46,18 +120,185 @@ void for_each_sequence_group(const SequenceLayout& layout, const Scan& scan) {
   });
 }
 
+// The channels family: groups of kLanesPerGroup neighbouring sequences along the innermost batch dim
+// (`lanes_per_group` for the vector width in use), one group per task of the pool.
+template <typename Scan>
+void for_each_channel_group(const SequenceLayout& layout, int64_t lanes_per_group, const Scan& scan) {
+  const int64_t channels = layout.shape.sizes[layout.shape.num_dims - 1];
+  const int64_t groups_per_row = (channels + lanes_per_group - 1) / lanes_per_group;
+  const int64_t groups = layout.num_rows() / channels * groups_per_row;
+  const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, layout.seq_len * lanes_per_group));
+  torch::stable::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t group = begin; group < end; ++group) {
+      const int64_t first_channel = group % groups_per_row * lanes_per_group;
+      const int64_t row = group / groups_per_row * channels + first_channel;
+      scan(row, static_cast<int>(std::min(lanes_per_group, channels - first_channel)));
+    }
+  });
+}
+
+// Lanes of a channels-family group at the vector width `isa` gives to A.
+template <typename A>
+int64_t lanes_per_group(Isa isa) {
+  const int64_t bytes = isa == Isa::Avx512 ? 64 : isa == Isa::Avx2 ? 32 : 16;
+  return bytes / static_cast<int64_t>(sizeof(A)) * cpu::kChannelVectors;
+}
+
+// One forward sequence of the rows family, as blocked_sequence.h's Job.
+template <typename T, Order O, bool LogCoeffs>
+struct ForwardRowJob : cpu::BlockedSpan {
+  const T* inputs;
+  bool inputs_unit;
+  const T* coeffs;
+  bool coeffs_unit;
+  T* outputs;
+
+  template <int Bytes, cpu::Pass P>
+  cpu::SpanMap<cpu::Acc<T>> span(int64_t lo, int64_t hi, cpu::Acc<T> state, bool fresh) const {
+    return cpu::RowScan<T, Bytes, O, LogCoeffs>::template forward<P>({inputs, inputs_unit}, {coeffs, coeffs_unit}, outputs,
+                                                                     lo, hi, state, fresh);
+  }
+  template <int Bytes>
+  void finish(cpu::Acc<T>) const {}
+};
+
+// One backward sequence of the rows family; O is the gradient's order (against the forward's).
+template <typename T, Order O, bool LogCoeffs>
+struct BackwardRowJob : cpu::BlockedSpan {
+  const T *d_outputs, *coeffs, *outputs, *initial;
+  bool d_outputs_unit, coeffs_unit;
+  T *d_inputs, *d_coeffs, *d_initial;
+
+  template <int Bytes, cpu::Pass P>
+  cpu::SpanMap<cpu::Acc<T>> span(int64_t span_lo, int64_t span_hi, cpu::Acc<T> state, bool fresh) const {
+    return cpu::RowScan<T, Bytes, O, LogCoeffs>::template backward<P>(
+        {d_outputs, d_outputs_unit}, {coeffs, coeffs_unit}, {outputs, true}, d_inputs, d_coeffs, lo, hi, span_lo, span_hi,
+        initial, state, fresh);
+  }
+  // d_initial = coeff at the forward's first step times the gradient there.
+  template <int Bytes>
+  void finish(cpu::Acc<T> last) const {
+    if (d_initial == nullptr) return;
+    using Scan = cpu::RowScan<T, Bytes, O, LogCoeffs>;
+    const int64_t first = O == Order::Ascending ? hi - 1 : lo;
+    const auto coeff = Scan::coefficient(cpu::load_splat<typename Scan::V>(coeffs + (coeffs_unit ? first : 0)))[0];
+    *d_initial = static_cast<T>(coeff * last);
+  }
+};
+
 void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
-  dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
-    for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
-      sequential_scan_forward<Lanes, T>(params, rows, segment);
+  const Isa isa = cpu::cpu_isa();
+  const Family family = family_of(params, {&params.inputs, &params.coeffs}, {&params.outputs}, {&params.initial});
+  if (family == Family::Sequential) {
+    dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
+      for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
+        sequential_scan_forward<Lanes, T>(params, rows, segment);
+      });
+    });
+    return;
+  }
+  const Order order = params.reverse ? Order::Descending : Order::Ascending;
+  dispatch_real(params, order, [&]<typename T, Order O, bool LogCoeffs>() {
+    using A = cpu::Acc<T>;
+    const bool has_initial = params.initial.data != nullptr;
+    if (family == Family::Rows) {
+      const auto job_of = [&](int64_t sequence, A& state) {
+        const int64_t row = sequence % params.num_rows(), segment = sequence / params.num_rows();
+        const auto [inputs, coeffs, outputs, initial] =
+            params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
+        state = has_initial ? static_cast<A>(initial[segment * params.initial.segment_stride]) : A(0);
+        return ForwardRowJob<T, O, LogCoeffs>{{params.boundary(segment), params.boundary(segment + 1), O},
+                                              inputs, params.inputs.time_stride == 1, coeffs, params.coeffs.time_stride == 1,
+                                              outputs};
+      };
+      for_each_row_sequence(
+          params,
+          [&](int64_t sequence) {
+            A state;
+            const auto job = job_of(sequence, state);
+            cpu::scan_sequence(job, isa, state, !has_initial);
+          },
+          [&](int64_t sequence, int64_t threads) {
+            A state;
+            const auto job = job_of(sequence, state);
+            cpu::scan_sequence_split(job, isa, threads, state, !has_initial);
+          });
+      return;
+    }
+    const int inner = params.shape.num_dims - 1;
+    for_each_channel_group(params, lanes_per_group<A>(isa), [&](int64_t row, int channels) {
+      const auto [inputs, coeffs, outputs, initial] =
+          params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
+      cpu::with_vector_width(isa, [&]<int Bytes>() {
+        using Scan = cpu::ChannelScan<T, Bytes, LogCoeffs>;
+        for (int64_t segment = 0; segment < params.num_segments; ++segment)
+          Scan::forward({inputs, params.inputs.time_stride, params.inputs.strides[inner] == 1},
+                        {coeffs, params.coeffs.time_stride, params.coeffs.strides[inner] == 1},
+                        {outputs, params.outputs.time_stride, true},
+                        has_initial ? initial + segment * params.initial.segment_stride : nullptr, channels,
+                        params.boundary(segment), params.boundary(segment + 1), params.reverse);
+      });
     });
   });
 }
 
 void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
-  dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
-    for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
-      sequential_scan_backward<Lanes, T>(params, rows, segment);
+  const Isa isa = cpu::cpu_isa();
+  const Family family = family_of(params, {&params.d_outputs, &params.coeffs},
+                                  {&params.outputs, &params.d_inputs, &params.d_coeffs}, {&params.initial, &params.d_initial});
+  if (family == Family::Sequential) {
+    dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
+      for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
+        sequential_scan_backward<Lanes, T>(params, rows, segment);
+      });
+    });
+    return;
+  }
+  // The gradient runs against the forward's order.
+  const Order order = params.reverse ? Order::Ascending : Order::Descending;
+  dispatch_real(params, order, [&]<typename T, Order O, bool LogCoeffs>() {
+    using A = cpu::Acc<T>;
+    const bool has_initial = params.initial.data != nullptr;
+    if (family == Family::Rows) {
+      const auto job_of = [&](int64_t sequence) {
+        const int64_t row = sequence % params.num_rows(), segment = sequence / params.num_rows();
+        const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial, d_initial] =
+            params.shape.template row_pointers<T>(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
+                       params.initial, params.d_initial).at;
+        BackwardRowJob<T, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O}};
+        job.d_outputs = d_outputs;
+        job.coeffs = coeffs;
+        job.outputs = outputs;
+        job.initial = has_initial ? initial + segment * params.initial.segment_stride : nullptr;
+        job.d_outputs_unit = params.d_outputs.time_stride == 1;
+        job.coeffs_unit = params.coeffs.time_stride == 1;
+        job.d_inputs = d_inputs;
+        job.d_coeffs = d_coeffs;
+        job.d_initial = has_initial ? d_initial + segment * params.d_initial.segment_stride : nullptr;
+        return job;
+      };
+      // The gradient has no state before its first step (the forward's last).
+      for_each_row_sequence(
+          params, [&](int64_t sequence) { cpu::scan_sequence(job_of(sequence), isa, A(0), true); },
+          [&](int64_t sequence, int64_t threads) { cpu::scan_sequence_split(job_of(sequence), isa, threads, A(0), true); });
+      return;
+    }
+    const int inner = params.shape.num_dims - 1;
+    for_each_channel_group(params, lanes_per_group<A>(isa), [&](int64_t row, int channels) {
+      const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial, d_initial] =
+          params.shape.template row_pointers<T>(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
+                     params.initial, params.d_initial).at;
+      cpu::with_vector_width(isa, [&]<int Bytes>() {
+        using Scan = cpu::ChannelScan<T, Bytes, LogCoeffs>;
+        for (int64_t segment = 0; segment < params.num_segments; ++segment)
+          Scan::backward({d_outputs, params.d_outputs.time_stride, params.d_outputs.strides[inner] == 1},
+                         {coeffs, params.coeffs.time_stride, params.coeffs.strides[inner] == 1},
+                         {outputs, params.outputs.time_stride, true}, {d_inputs, params.d_inputs.time_stride, true},
+                         {d_coeffs, params.d_coeffs.time_stride, true},
+                         has_initial ? initial + segment * params.initial.segment_stride : nullptr,
+                         has_initial ? d_initial + segment * params.d_initial.segment_stride : nullptr, channels,
+                         params.boundary(segment), params.boundary(segment + 1), params.reverse);
+      });
     });
   });
 }
