@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "linrec/cpu/blocked_sequence.h"
 #include "linrec/cpu/channel_scan.h"
@@ -78,20 +79,28 @@ void dispatch_real(const SequenceLayout& layout, Order order, const Body& body) 
   });
 }
 
-// Runs scan(sequence) for every sequence (row * num_segments + segment... numbered segment-major) of
-// the rows family: one sequence per task of the pool where there are enough of them, else each split
-// across the pool.
-template <typename Scan, typename SplitScan>
-void for_each_row_sequence(const SequenceLayout& layout, const Scan& scan, const SplitScan& split_scan) {
+// Scans every sequence of the rows family (numbered segment-major: sequence = segment * rows + row),
+// job_of(sequence) giving its blocked_sequence.h Job and entering state: one sequence per task of the
+// pool where there are enough of them, else each split across the pool. `fresh`: no entering state.
+template <typename JobOf>
+void scan_row_sequences(const SequenceLayout& layout, Isa isa, bool fresh, const JobOf& job_of) {
   const int64_t sequences = layout.num_rows() * layout.num_segments;
   const int64_t threads = torch::stable::get_num_threads();
   if (sequences < threads) {
-    for (int64_t sequence = 0; sequence < sequences; ++sequence) split_scan(sequence, threads);
+    for (int64_t sequence = 0; sequence < sequences; ++sequence) {
+      const auto [job, state] = job_of(sequence);
+      cpu::scan_sequence_split(job, isa, threads, state, fresh);
+    }
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, layout.numel() / sequences));
   torch::stable::parallel_for(0, sequences, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t sequence = begin; sequence < end; ++sequence) scan(sequence);
+    cpu::with_vector_width(isa, [&]<int Bytes>() {
+      for (int64_t sequence = begin; sequence < end; ++sequence) {
+        const auto [job, state] = job_of(sequence);
+        cpu::scan_blocks<Bytes>(job, 0, job.blocks(), state, fresh);
+      }
+    });
   });
 }
 
@@ -202,27 +211,16 @@ void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
     using A = cpu::Acc<T>;
     const bool has_initial = params.initial.data != nullptr;
     if (family == Family::Rows) {
-      const auto job_of = [&](int64_t sequence, A& state) {
+      scan_row_sequences(params, isa, !has_initial, [&](int64_t sequence) {
         const int64_t row = sequence % params.num_rows(), segment = sequence / params.num_rows();
         const auto [inputs, coeffs, outputs, initial] =
             params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
-        state = has_initial ? static_cast<A>(initial[segment * params.initial.segment_stride]) : A(0);
-        return ForwardRowJob<T, O, LogCoeffs>{{params.boundary(segment), params.boundary(segment + 1), O},
-                                              inputs, params.inputs.time_stride == 1, coeffs, params.coeffs.time_stride == 1,
-                                              outputs};
-      };
-      for_each_row_sequence(
-          params,
-          [&](int64_t sequence) {
-            A state;
-            const auto job = job_of(sequence, state);
-            cpu::scan_sequence(job, isa, state, !has_initial);
-          },
-          [&](int64_t sequence, int64_t threads) {
-            A state;
-            const auto job = job_of(sequence, state);
-            cpu::scan_sequence_split(job, isa, threads, state, !has_initial);
-          });
+        const A state = has_initial ? static_cast<A>(initial[segment * params.initial.segment_stride]) : A(0);
+        const ForwardRowJob<T, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O},
+                                                 inputs, params.inputs.time_stride == 1, coeffs,
+                                                 params.coeffs.time_stride == 1, outputs};
+        return std::pair(job, state);
+      });
       return;
     }
     const int inner = params.shape.num_dims - 1;
@@ -278,9 +276,7 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
         return job;
       };
       // The gradient has no state before its first step (the forward's last).
-      for_each_row_sequence(
-          params, [&](int64_t sequence) { cpu::scan_sequence(job_of(sequence), isa, A(0), true); },
-          [&](int64_t sequence, int64_t threads) { cpu::scan_sequence_split(job_of(sequence), isa, threads, A(0), true); });
+      scan_row_sequences(params, isa, true, [&](int64_t sequence) { return std::pair(job_of(sequence), A(0)); });
       return;
     }
     const int inner = params.shape.num_dims - 1;

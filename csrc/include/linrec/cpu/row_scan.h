@@ -36,13 +36,6 @@ inline V shift_lanes(V v, V fill, std::index_sequence<I...>) {
     return __builtin_shufflevector(fill, v, (static_cast<int>(I) + Shift < W ? W + static_cast<int>(I) + Shift : static_cast<int>(I))...);
 }
 
-// Lanes that have a lane Shift before them in scan order (all bits set), and those that do not (0).
-template <Order O, int Shift, typename M, std::size_t... I>
-inline M lanes_with_source(std::index_sequence<I...>) {
-  constexpr int W = sizeof...(I);
-  return M{(O == Order::Ascending ? static_cast<int>(I) >= Shift : static_cast<int>(I) + Shift < W) ? -1 : 0 ...};
-}
-
 // The map s -> coeff * s + state of a span, composed vector by vector in scan order; `last` is the
 // output at the span's last element in scan order (the backward's gradient at a sequence's start).
 template <typename A>
@@ -58,7 +51,6 @@ template <typename T, int Bytes, Order O, bool LogCoeffs>
 struct RowScan {
   using A = Acc<T>;
   using V = typename Vector<A, Bytes>::Values;
-  using M = typename Vector<A, Bytes>::Mask;
   static constexpr int W = Vector<A, Bytes>::kLanes;
   static constexpr int kLast = O == Order::Ascending ? W - 1 : 0;  // the lane scanned last
   // A stored coefficient that is the identity map's (1): pads lanes past a sequence's end.
@@ -78,17 +70,41 @@ struct RowScan {
   struct Lanes {
     int64_t base;
     int first, count;
-    Lanes(int64_t lo, int64_t hi, int64_t j) {
-      base = O == Order::Ascending ? lo + j * W : hi - (j + 1) * W;
+
+    static Lanes of(int64_t lo, int64_t hi, int64_t j) {
+      const int64_t base = O == Order::Ascending ? lo + j * W : hi - (j + 1) * W;
       const int64_t begin = base < lo ? lo : base, end = base + W > hi ? hi : base + W;
-      first = static_cast<int>(begin - base);
-      count = static_cast<int>(end - begin);
+      return {base, static_cast<int>(begin - base), end > begin ? static_cast<int>(end - begin) : 0};
+    }
+    // Vector j of an inner vector: all lanes in the span.
+    static Lanes whole(int64_t lo, int64_t hi, int64_t j) {
+      return {O == Order::Ascending ? lo + j * W : hi - (j + 1) * W, 0, W};
+    }
+    // Moved by `offset` elements, its lanes restricted to those landing in [lo, hi).
+    Lanes shifted(int64_t offset, int64_t lo, int64_t hi) const {
+      Lanes moved = *this;
+      moved.base = base + offset;
+      const int64_t begin = base + first + offset, end = begin + count;
+      const int64_t clamped_begin = begin < lo ? lo : begin, clamped_end = end > hi ? hi : end;
+      moved.first = static_cast<int>(clamped_begin - moved.base);
+      moved.count = clamped_end > clamped_begin ? static_cast<int>(clamped_end - clamped_begin) : 0;
+      return moved;
     }
   };
 
-  template <typename Pointer>
+  // Vector `lanes` of `row`. Full: every lane falls in the span (no pad); Unit: the row is known to
+  // step by 1 (the loop over a span's inner vectors is compiled once for operands that all do).
+  template <bool Full, bool Unit, typename Pointer>
   static V load_row(Row<Pointer> row, const Lanes& lanes, A pad) {
-    return row.unit ? load<V>(row.data + lanes.base + lanes.first, lanes.first, lanes.count, pad) : load_splat<V>(row.data);
+    if (!(Unit || row.unit)) return load_splat<V>(row.data);
+    if constexpr (Full) return load<V>(row.data + lanes.base);
+    else return load<V>(row.data + lanes.base + lanes.first, lanes.first, lanes.count, pad);
+  }
+
+  template <bool Full>
+  static void store_row(T* row, V v, const Lanes& lanes) {
+    if constexpr (Full) store(row + lanes.base, v);
+    else store(row + lanes.base + lanes.first, v, lanes.first, lanes.count);
   }
 
   static V coefficient(V stored) {
@@ -96,9 +112,14 @@ struct RowScan {
     else return stored;
   }
 
+  // The lane of `lanes` scanned first.
+  static int first_lane(const Lanes& lanes) { return O == Order::Ascending ? lanes.first : lanes.first + lanes.count - 1; }
+
   // Scans the lanes of (a, b) as maps s -> a s + b: afterwards lane i holds the composition of the
-  // lanes up to i in scan order. A lane with no lane Shift before it keeps its b: multiplying the
-  // missing neighbour's 0 by an infinite coefficient would make a NaN.
+  // lanes up to i in scan order (b: the state from zero; a: the product of the coefficients). A lane
+  // with no lane Shift before it composes with the identity's fill: its b gains a * 0, which is NaN
+  // only where a holds an infinite coefficient, where the recurrence is non-finite too (a sequence's
+  // first coefficient, which takes no part, is zeroed before).
   static void scan_lanes(V& a, V& b) {
     [&]<int... Step>(std::integer_sequence<int, Step...>) { (scan_step<1 << Step>(a, b), ...); }(
         std::make_integer_sequence<int, __builtin_ctz(W)>());
@@ -107,38 +128,56 @@ struct RowScan {
   template <int Shift>
   static void scan_step(V& a, V& b) {
     constexpr auto kLaneIndices = std::make_index_sequence<W>();
-    const V from_b = shift_lanes<O, Shift>(b, V{}, kLaneIndices);
-    const V from_a = shift_lanes<O, Shift>(a, splat<V>(A(1)), kLaneIndices);
-    b = select(lanes_with_source<O, Shift, M>(kLaneIndices), a * from_b + b, b);
-    a = a * from_a;
+    b = a * shift_lanes<O, Shift>(b, V{}, kLaneIndices) + b;
+    a = a * shift_lanes<O, Shift>(a, splat<V>(A(1)), kLaneIndices);
   }
 
-  // Composes a vector's map (lane kLast of the scanned a and b) after the span's so far.
-  static void compose(V& map_coeff, V& map_state, V a, V b, bool first_vector) {
-    const V a_last = broadcast_lane<kLast>(a), b_last = broadcast_lane<kLast>(b);
-    map_state = first_vector ? b_last : a_last * map_state + b_last;
-    map_coeff = first_vector ? a_last : a_last * map_coeff;
+  // The state carried out of a scanned vector and, with the span's map, the vector's map composed
+  // after it (lane kLast of the scanned a and b).
+  template <Pass P>
+  static void finish_vector(const V& a, const V& b, const V& out, V& carry, V& map_coeff, V& map_state, bool first_vector) {
+    if constexpr ((P & kScan) != 0) carry = broadcast_lane<kLast>(out);
+    if constexpr ((P & kMap) != 0) {
+      const V a_last = broadcast_lane<kLast>(a), b_last = broadcast_lane<kLast>(b);
+      map_state = first_vector ? b_last : a_last * map_state + b_last;
+      map_coeff = first_vector ? a_last : a_last * map_coeff;
+    }
+  }
+
+  // Calls vector.template operator()<Full, Unit>(j) for the vectors of span [lo, hi): the first and
+  // last as generic (partial, touching the sequence's ends), those between as full, with Unit when
+  // every operand in `units` steps by 1.
+  template <typename Vector>
+  static void for_each_vector(int64_t lo, int64_t hi, bool units, const Vector& vector) {
+    const int64_t vectors = (hi - lo + W - 1) / W;
+    if (vectors == 0) return;
+    vector.template operator()<false, false>(int64_t(0));
+    if (units)
+      for (int64_t j = 1; j < vectors - 1; ++j) vector.template operator()<true, true>(j);
+    else
+      for (int64_t j = 1; j < vectors - 1; ++j) vector.template operator()<true, false>(j);
+    if (vectors > 1) vector.template operator()<false, false>(vectors - 1);
   }
 
   // The forward recurrence over span [lo, hi) of one sequence, entered with `state` (`fresh`: no
-  // state: the span is the sequence's start and has no initial state, so its first element is its input).
+  // state: the span is the sequence's start and has no initial state, so its first element is its
+  // input and its coefficient takes no part).
   template <Pass P>
   static Map forward(Row<const T*> inputs, Row<const T*> coeffs, T* outputs, int64_t lo, int64_t hi, A state, bool fresh) {
     V carry = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
-    const int64_t vectors = (hi - lo + W - 1) / W;
-    for (int64_t j = 0; j < vectors; ++j) {
-      const Lanes lanes(lo, hi, j);
-      V b = load_row(inputs, lanes, A(0));
-      V a = coefficient(load_row(coeffs, lanes, kIdentityCoeff));
+    for_each_vector(lo, hi, inputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
+      const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
+      V b = load_row<Full, Unit>(inputs, lanes, A(0));
+      V a = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
+      if (!Full && fresh && j == 0) a[first_lane(lanes)] = A(0);
       scan_lanes(a, b);
-      const bool starts = fresh && j == 0;
+      V out{};
       if constexpr ((P & kScan) != 0) {
-        const V out = starts ? b : a * carry + b;
-        store(outputs + lanes.base + lanes.first, out, lanes.first, lanes.count);
-        carry = broadcast_lane<kLast>(out);
+        out = a * carry + b;
+        store_row<Full>(outputs, out, lanes);
       }
-      if constexpr ((P & kMap) != 0) compose(map_coeff, map_state, a, b, j == 0);
-    }
+      finish_vector<P>(a, b, out, carry, map_coeff, map_state, j == 0);
+    });
     return {map_coeff[0], map_state[0], A(0)};
   }
 
@@ -159,40 +198,33 @@ struct RowScan {
     V carry = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
     A last = A(0);
     const int64_t vectors = (hi - lo + W - 1) / W;
-    for (int64_t j = 0; j < vectors; ++j) {
-      const Lanes lanes(lo, hi, j);
-      V b = load_row(d_outputs, lanes, A(0));
-      V a = coefficient(load_row(coeffs, shifted(lanes, kForwardNext, sequence_lo, sequence_hi), kIdentityCoeff));
+    for_each_vector(lo, hi, d_outputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
+      const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
+      // Inner vectors' neighbours fall in the sequence: only the first and last can reach past it.
+      const Lanes next = lanes.shifted(kForwardNext, sequence_lo, sequence_hi);
+      const Lanes previous = lanes.shifted(-kForwardNext, sequence_lo, sequence_hi);
+      V b = load_row<Full, Unit>(d_outputs, lanes, A(0));
+      V a = coefficient(load_row<Full, Unit>(coeffs, next, kIdentityCoeff));
+      if (!Full && fresh && j == 0) a[first_lane(lanes)] = A(0);
       scan_lanes(a, b);
-      const bool starts = fresh && j == 0;
+      V d{};
       if constexpr ((P & kScan) != 0) {
-        const V d = starts ? b : a * carry + b;
-        store(d_inputs + lanes.base + lanes.first, d, lanes.first, lanes.count);
-        carry = broadcast_lane<kLast>(d);
-        // outputs one step earlier in the forward's order; the initial state before its first element
-        V previous = load_row(outputs, shifted(lanes, -kForwardNext, sequence_lo, sequence_hi), initial_state);
-        V d_coeff = d * previous;
-        if constexpr (LogCoeffs) d_coeff = d_coeff * coefficient(load_row(coeffs, lanes, kIdentityCoeff));
-        const int64_t start_lane = forward_first - lanes.base;
-        if (initial == nullptr && start_lane >= lanes.first && start_lane < lanes.first + lanes.count)
-          d_coeff[start_lane] = A(0);  // the first coefficient takes no part without an initial state
-        store(d_coeffs + lanes.base + lanes.first, d_coeff, lanes.first, lanes.count);
-        if (j == vectors - 1) last = d[O == Order::Ascending ? lanes.first + lanes.count - 1 : lanes.first];
+        d = a * carry + b;
+        store_row<Full>(d_inputs, d, lanes);
+        // the outputs one step earlier in the forward's order; the initial state before its first
+        V d_coeff = d * load_row<Full, true>(outputs, previous, initial_state);
+        if constexpr (LogCoeffs) d_coeff = d_coeff * coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
+        if constexpr (!Full) {
+          const int64_t start_lane = forward_first - lanes.base;
+          if (initial == nullptr && start_lane >= lanes.first && start_lane < lanes.first + lanes.count)
+            d_coeff[start_lane] = A(0);  // the first coefficient takes no part without an initial state
+          if (j == vectors - 1) last = d[O == Order::Ascending ? lanes.first + lanes.count - 1 : lanes.first];
+        }
+        store_row<Full>(d_coeffs, d_coeff, lanes);
       }
-      if constexpr ((P & kMap) != 0) compose(map_coeff, map_state, a, b, j == 0);
-    }
+      finish_vector<P>(a, b, d, carry, map_coeff, map_state, j == 0);
+    });
     return {map_coeff[0], map_state[0], last};
-  }
-
-  // `lanes` moved by `offset` elements, its lanes restricted to those landing in [lo, hi).
-  static Lanes shifted(Lanes lanes, int64_t offset, int64_t lo, int64_t hi) {
-    const int64_t begin = lanes.base + lanes.first + offset, end = begin + lanes.count;
-    const int64_t clamped_begin = begin < lo ? lo : begin, clamped_end = end > hi ? hi : end;
-    Lanes moved = lanes;
-    moved.base = lanes.base + offset;
-    moved.first = static_cast<int>(clamped_begin - moved.base);
-    moved.count = clamped_end > clamped_begin ? static_cast<int>(clamped_end - clamped_begin) : 0;
-    return moved;
   }
 };
 

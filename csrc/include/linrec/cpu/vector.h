@@ -28,7 +28,6 @@ template <typename Acc, int Bytes>
 struct Vector {
   static constexpr int kLanes = Bytes / static_cast<int>(sizeof(Acc));
   typedef Acc Values __attribute__((vector_size(Bytes)));
-  typedef LaneBits<Acc> Mask __attribute__((vector_size(Bytes)));
 };
 
 // Lanes elements of E in one vector, for the bit-level conversions of the 16-bit types.
@@ -40,12 +39,6 @@ struct LanesOf {
 template <typename V>
 inline V splat(decltype(V{}[0]) value) {
   return V{} + value;
-}
-
-// Lane i of the result: `when_true`'s where mask lane i is all ones, `when_false`'s where it is 0.
-template <typename V, typename M>
-inline V select(M mask, V when_true, V when_false) {
-  return (V)((mask & (M)when_true) | (~mask & (M)when_false));
 }
 
 template <typename M>
