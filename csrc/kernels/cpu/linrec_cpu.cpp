@@ -129,15 +129,20 @@ void for_each_sequence_group(const SequenceLayout& layout, const Scan& scan) {
   });
 }
 
-// The channels family: groups of kLanesPerGroup neighbouring sequences along the innermost batch dim
-// (`lanes_per_group` for the vector width in use), one group per task of the pool.
+// The channels family: groups of neighbouring sequences along the innermost batch dim, one group per
+// task of the pool: at most `max_lanes` (kChannelVectors vectors), fewer (whole vectors) where that
+// would leave threads idle. Each sequence is scanned alone, so the grouping does not change results.
 template <typename Scan>
-void for_each_channel_group(const SequenceLayout& layout, int64_t lanes_per_group, const Scan& scan) {
+void for_each_channel_group(const SequenceLayout& layout, int64_t max_lanes, int64_t vector_lanes, const Scan& scan) {
   const int64_t channels = layout.shape.sizes[layout.shape.num_dims - 1];
+  const int64_t outer_rows = layout.num_rows() / channels;
+  const int64_t threads = torch::stable::get_num_threads();
+  int64_t lanes_per_group = max_lanes;
+  while (lanes_per_group > vector_lanes && outer_rows * ((channels + lanes_per_group - 1) / lanes_per_group) < threads)
+    lanes_per_group = std::max(vector_lanes, (lanes_per_group / 2 + vector_lanes - 1) / vector_lanes * vector_lanes);
   const int64_t groups_per_row = (channels + lanes_per_group - 1) / lanes_per_group;
-  const int64_t groups = layout.num_rows() / channels * groups_per_row;
   const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, layout.seq_len * lanes_per_group));
-  torch::stable::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, outer_rows * groups_per_row, grain, [&](int64_t begin, int64_t end) {
     for (int64_t group = begin; group < end; ++group) {
       const int64_t first_channel = group % groups_per_row * lanes_per_group;
       const int64_t row = group / groups_per_row * channels + first_channel;
@@ -146,11 +151,11 @@ void for_each_channel_group(const SequenceLayout& layout, int64_t lanes_per_grou
   });
 }
 
-// Lanes of a channels-family group at the vector width `isa` gives to A.
+// Lanes of one vector of A at the vector width `isa` gives.
 template <typename A>
-int64_t lanes_per_group(Isa isa) {
+int64_t vector_lanes(Isa isa) {
   const int64_t bytes = isa == Isa::Avx512 ? 64 : isa == Isa::Avx2 ? 32 : 16;
-  return bytes / static_cast<int64_t>(sizeof(A)) * cpu::kChannelVectors;
+  return bytes / static_cast<int64_t>(sizeof(A));
 }
 
 // One forward sequence of the rows family, as blocked_sequence.h's Job.
@@ -224,7 +229,7 @@ void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
       return;
     }
     const int inner = params.shape.num_dims - 1;
-    for_each_channel_group(params, lanes_per_group<A>(isa), [&](int64_t row, int channels) {
+    for_each_channel_group(params, vector_lanes<A>(isa) * cpu::kChannelVectors, vector_lanes<A>(isa), [&](int64_t row, int channels) {
       const auto [inputs, coeffs, outputs, initial] =
           params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
       cpu::with_vector_width(isa, [&]<int Bytes>() {
@@ -280,7 +285,7 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
       return;
     }
     const int inner = params.shape.num_dims - 1;
-    for_each_channel_group(params, lanes_per_group<A>(isa), [&](int64_t row, int channels) {
+    for_each_channel_group(params, vector_lanes<A>(isa) * cpu::kChannelVectors, vector_lanes<A>(isa), [&](int64_t row, int channels) {
       const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial, d_initial] =
           params.shape.template row_pointers<T>(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
                      params.initial, params.d_initial).at;
