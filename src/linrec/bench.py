@@ -38,7 +38,8 @@ from linrec._autograd import COMPILED, TRITON, Kernels
 from linrec._triton import missing as triton_missing
 
 #: (number of sequences, sequence length), time last. GPU shapes: 100 sequences per SM, and a few long ones.
-CPU_SHAPES = [(256, 256), (64, 4096), (16, 65536), (65536, 16)]
+#: CPU: one long row too, which the kernels split across threads.
+CPU_SHAPES = [(256, 256), (64, 4096), (16, 65536), (65536, 16), (1, 1 << 24)]
 # The references take O(L) Python steps (loop) or several full-size temporaries (hop, heinsen):
 # run them only where they finish in reasonable time and memory.
 MAX_REFERENCE_LENGTH = {"loop": 64, "hop": 1 << 16, "heinsen": 1 << 16}

@@ -101,6 +101,13 @@ struct RowScan {
     else return load<V>(row.data + lanes.base + lanes.first, lanes.first, lanes.count, pad);
   }
 
+  // Element `index` of `row`, or `pad` outside [lo, hi).
+  template <typename Pointer>
+  static A element(Row<Pointer> row, int64_t index, int64_t lo, int64_t hi, A pad) {
+    if (index < lo || index >= hi) return pad;
+    return static_cast<A>(row.data[row.unit ? index : 0]);
+  }
+
   template <bool Full>
   static void store_row(T* row, V v, const Lanes& lanes) {
     if constexpr (Full) store(row + lanes.base, v);
@@ -201,19 +208,33 @@ struct RowScan {
     for_each_vector(lo, hi, d_outputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
       const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
       // Inner vectors' neighbours fall in the sequence: only the first and last can reach past it.
-      const Lanes next = lanes.shifted(kForwardNext, sequence_lo, sequence_hi);
-      const Lanes previous = lanes.shifted(-kForwardNext, sequence_lo, sequence_hi);
       V b = load_row<Full, Unit>(d_outputs, lanes, A(0));
-      V a = coefficient(load_row<Full, Unit>(coeffs, next, kIdentityCoeff));
+      V a, previous, own_coeff;  // coeffs one step later, outputs one step earlier, in the forward's order
+      if constexpr (Full) {  // inner vectors' neighbours fall in the sequence
+        a = coefficient(load_row<Full, Unit>(coeffs, lanes.shifted(kForwardNext, sequence_lo, sequence_hi), kIdentityCoeff));
+        previous = load_row<Full, true>(outputs, lanes.shifted(-kForwardNext, sequence_lo, sequence_hi), A(0));
+        if constexpr (LogCoeffs) own_coeff = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
+      } else {
+        // Near the sequence's ends: the vector's own lanes shifted by one, and the element beyond
+        // them; the initial state before the forward's first step (in pad lanes or beyond).
+        constexpr auto kLaneIndices = std::make_index_sequence<W>();
+        const int64_t next_beyond = O == Order::Ascending ? lanes.base - 1 : lanes.base + W;
+        const int64_t previous_beyond = O == Order::Ascending ? lanes.base + W : lanes.base - 1;
+        own_coeff = coefficient(load_row<false, Unit>(coeffs, lanes, kIdentityCoeff));
+        a = shift_lanes<O, 1>(own_coeff, coefficient(splat<V>(element(coeffs, next_beyond, sequence_lo, sequence_hi, kIdentityCoeff))),
+                              kLaneIndices);
+        previous = shift_lanes<opposite(O), 1>(load_row<false, true>(outputs, lanes, initial_state),
+                                               splat<V>(element(outputs, previous_beyond, sequence_lo, sequence_hi, initial_state)),
+                                               kLaneIndices);
+      }
       if (!Full && fresh && j == 0) a[first_lane(lanes)] = A(0);
       scan_lanes(a, b);
       V d{};
       if constexpr ((P & kScan) != 0) {
         d = a * carry + b;
         store_row<Full>(d_inputs, d, lanes);
-        // the outputs one step earlier in the forward's order; the initial state before its first
-        V d_coeff = d * load_row<Full, true>(outputs, previous, initial_state);
-        if constexpr (LogCoeffs) d_coeff = d_coeff * coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
+        V d_coeff = d * previous;
+        if constexpr (LogCoeffs) d_coeff = d_coeff * own_coeff;
         if constexpr (!Full) {
           const int64_t start_lane = forward_first - lanes.base;
           if (initial == nullptr && start_lane >= lanes.first && start_lane < lanes.first + lanes.count)
