@@ -493,3 +493,25 @@ def test_nonfinite_first_coefficients_of_packed_sequences_take_no_part(seed, lay
         label = f"{layout} lengths={lengths} dtype={dtype} reverse={reverse}"
         assert (actual[2][mask] == 0).all(), f"{label}: poisoned coefficients' gradients {actual[2][mask]}"
         check_one(dtype, label, inputs, finite, None, d_outputs, actual=actual, **options)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. Every instruction set the kernels are compiled for, on this machine.
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "baseline"])
+def test_every_instruction_set_matches_reference(seed, monkeypatch, isa):
+    """The vector kernels compiled for AVX-512, AVX2 and the baseline (SSE2 or NEON), chosen per call
+    through LINREC_CPU_ISA (a set the CPU lacks runs as the best it has): every lane remainder of both
+    vector layouts matches the float64 reference, and a row split across threads is bitwise equal for
+    every thread count."""
+    monkeypatch.setenv("LINREC_CPU_ISA", isa)
+    for dtype in (torch.float32, torch.bfloat16):
+        for reverse in (False, True):
+            check_rows_every_length(dtype, 3, "per_element", reverse, True, False)
+            check_rows_every_length(dtype, 1, "per_row", reverse, False, True)
+            check_channels_every_count(dtype, 2, 7, "per_element", reverse, True, True)
+    shape = (1, 2**17 + 5)
+    check_every_thread_count(
+        torch.float32, f"isa={isa} shape={shape}", random_values(shape, torch.float32),
+        make_coeffs(shape, torch.float32, min_magnitude=0.5), random_values((1,), torch.float32),
+        random_values(shape, torch.float32))
