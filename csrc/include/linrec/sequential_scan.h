@@ -1,5 +1,6 @@
-// The recurrence run element after element over strided operands: the CPU kernel, the CUDA kernel
-// for layouts whose time dim is not contiguous (one thread per sequence), and the host reference of
+// The recurrence run element after element over strided operands: the CPU kernel for layouts the
+// vector kernels do not take (and complex types), the CUDA kernel for layouts whose time dim is not
+// contiguous (one thread per sequence), and the host reference of
 // the standalone CUDA kernel check. Every feature of the params (strides, broadcasting, initial
 // state, packed sequences, log coefficients, complex types) is handled here in its plainest form.
 #pragma once
