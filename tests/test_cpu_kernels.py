@@ -21,6 +21,7 @@ towards 0 does not fail on rounding alone.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -498,13 +499,31 @@ def test_nonfinite_first_coefficients_of_packed_sequences_take_no_part(seed, lay
 # ---------------------------------------------------------------------------------------------------
 # 6. Every instruction set the kernels are compiled for, on this machine.
 
+@pytest.mark.parametrize("value, message", [
+    ("sse9", "LINREC_CPU_ISA must be baseline, avx2 or avx512, got 'sse9'"),
+    ("AVX2", "LINREC_CPU_ISA must be baseline, avx2 or avx512, got 'AVX2'"),
+])
+def test_unknown_instruction_set_is_refused(monkeypatch, value, message):
+    """A LINREC_CPU_ISA the kernels do not know is an error naming the variable and the choices, not
+    a silent run on some other instruction set."""
+    monkeypatch.setenv("LINREC_CPU_ISA", value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        linrec.linrec(random_values((2, 5), torch.float32), random_values((2, 5), torch.float32))
+
+
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "baseline"])
 def test_every_instruction_set_matches_reference(seed, monkeypatch, isa):
     """The vector kernels compiled for AVX-512, AVX2 and the baseline (SSE2 or NEON), chosen per call
-    through LINREC_CPU_ISA (a set the CPU lacks runs as the best it has): every lane remainder of both
-    vector layouts matches the float64 reference, and a row split across threads is bitwise equal for
-    every thread count."""
+    through LINREC_CPU_ISA (sets the CPU lacks are skipped): every lane remainder of both vector
+    layouts matches the float64 reference, and a row split across threads is bitwise equal for every
+    thread count."""
     monkeypatch.setenv("LINREC_CPU_ISA", isa)
+    try:
+        linrec.linrec(torch.ones(3), torch.ones(3))
+    except ValueError as error:
+        if "this CPU lacks" in str(error):
+            pytest.skip(str(error))
+        raise
     for dtype in (torch.float32, torch.bfloat16):
         for reverse in (False, True):
             check_rows_every_length(dtype, 3, "per_element", reverse, True, False)

@@ -79,27 +79,25 @@ void dispatch_real(const SequenceLayout& layout, Order order, const Body& body) 
   });
 }
 
-// Scans every sequence of the rows family (numbered segment-major: sequence = segment * rows + row),
-// job_of(sequence) giving its blocked_sequence.h Job and entering state: one sequence per task of the
-// pool where there are enough of them, else each split across the pool. `fresh`: no entering state.
-template <typename JobOf>
-void scan_row_sequences(const SequenceLayout& layout, Isa isa, bool fresh, const JobOf& job_of) {
+// Scans every sequence of the rows family (numbered segment-major: sequence = segment * rows + row):
+// with_job(sequence, scan) calls scan(job, state) with the sequence's blocked_sequence.h Job and
+// entering state, built in place (returned by value, the job was copied through wide loads of
+// narrow stores, which stalled short sequences). One sequence per task of the pool where there are
+// enough of them, else each split across the pool. `fresh`: no entering state.
+template <typename WithJob>
+void scan_row_sequences(const SequenceLayout& layout, Isa isa, bool fresh, const WithJob& with_job) {
   const int64_t sequences = layout.num_rows() * layout.num_segments;
   const int64_t threads = torch::stable::get_num_threads();
   if (sequences < threads) {
-    for (int64_t sequence = 0; sequence < sequences; ++sequence) {
-      const auto [job, state] = job_of(sequence);
-      cpu::scan_sequence_split(job, isa, threads, state, fresh);
-    }
+    for (int64_t sequence = 0; sequence < sequences; ++sequence)
+      with_job(sequence, [&](const auto& job, auto state) { cpu::scan_sequence_split(job, isa, threads, state, fresh); });
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, layout.numel() / sequences));
   torch::stable::parallel_for(0, sequences, grain, [&](int64_t begin, int64_t end) {
     cpu::with_vector_width(isa, [&]<int Bytes>() {
-      for (int64_t sequence = begin; sequence < end; ++sequence) {
-        const auto [job, state] = job_of(sequence);
-        cpu::scan_blocks<Bytes>(job, 0, job.blocks(), state, fresh);
-      }
+      for (int64_t sequence = begin; sequence < end; ++sequence)
+        with_job(sequence, [&](const auto& job, auto state) { cpu::scan_blocks<Bytes>(job, 0, job.blocks(), state, fresh); });
     });
   });
 }
@@ -216,7 +214,7 @@ void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
     using A = cpu::Acc<T>;
     const bool has_initial = params.initial.data != nullptr;
     if (family == Family::Rows) {
-      scan_row_sequences(params, isa, !has_initial, [&](int64_t sequence) {
+      scan_row_sequences(params, isa, !has_initial, [&](int64_t sequence, const auto& scan) {
         const int64_t row = sequence % params.num_rows(), segment = sequence / params.num_rows();
         const auto [inputs, coeffs, outputs, initial] =
             params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
@@ -224,7 +222,7 @@ void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
         const ForwardRowJob<T, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O},
                                                  inputs, params.inputs.time_stride == 1, coeffs,
                                                  params.coeffs.time_stride == 1, outputs};
-        return std::pair(job, state);
+        scan(job, state);
       });
       return;
     }
@@ -263,7 +261,8 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
     using A = cpu::Acc<T>;
     const bool has_initial = params.initial.data != nullptr;
     if (family == Family::Rows) {
-      const auto job_of = [&](int64_t sequence) {
+      // The gradient has no state before its first step (the forward's last).
+      scan_row_sequences(params, isa, true, [&](int64_t sequence, const auto& scan) {
         const int64_t row = sequence % params.num_rows(), segment = sequence / params.num_rows();
         const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial, d_initial] =
             params.shape.template row_pointers<T>(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
@@ -278,10 +277,8 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
         job.d_inputs = d_inputs;
         job.d_coeffs = d_coeffs;
         job.d_initial = has_initial ? d_initial + segment * params.d_initial.segment_stride : nullptr;
-        return job;
-      };
-      // The gradient has no state before its first step (the forward's last).
-      scan_row_sequences(params, isa, true, [&](int64_t sequence) { return std::pair(job_of(sequence), A(0)); });
+        scan(job, A(0));
+      });
       return;
     }
     const int inner = params.shape.num_dims - 1;

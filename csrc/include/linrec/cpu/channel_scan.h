@@ -86,7 +86,7 @@ struct ChannelScan {
       prefetch_step<1>(outputs, ahead, lo, hi, channels);
       for (int v = 0; v < kChannelVectors; ++v)
         if (lanes[v] > 0) {
-          state[v] = coefficient(load_step(coeffs, t, v, lanes[v])) * state[v] + load_step(inputs, t, v, lanes[v]);
+          state[v] = multiply_add(coefficient(load_step(coeffs, t, v, lanes[v])), state[v], load_step(inputs, t, v, lanes[v]));
           store(outputs.data + t * outputs.time_stride + v * W, state[v], 0, lanes[v]);
         }
     }
@@ -114,7 +114,7 @@ struct ChannelScan {
       prefetch_step<1>(d_coeffs, ahead, lo, hi, channels);
       for (int v = 0; v < kChannelVectors; ++v) {
         if (lanes[v] == 0) continue;
-        d_state[v] = next_coeff[v] * d_state[v] + load_step(d_outputs, t, v, lanes[v]);
+        d_state[v] = multiply_add(next_coeff[v], d_state[v], load_step(d_outputs, t, v, lanes[v]));
         const V coeff = coefficient(load_step(coeffs, t, v, lanes[v]));
         store(d_inputs.data + t * d_inputs.time_stride + v * W, d_state[v], 0, lanes[v]);
         V d_coeff{};  // the first coefficient takes no part without an initial state

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace linrec::cpu {
 
@@ -20,10 +22,8 @@ inline const char* isa_name(Isa isa) {
   return "unknown";
 }
 
-// The best the CPU has, or the one LINREC_CPU_ISA names (baseline, avx2 or avx512) where the CPU
-// has it: the tests run every variant on one machine. Read on every call (a few nanoseconds beside
-// an op call), so that a process may switch.
-inline Isa cpu_isa() {
+// The best the CPU has.
+inline Isa best_cpu_isa() {
 #if defined(__x86_64__)
   static const Isa best = [] {
     __builtin_cpu_init();
@@ -34,14 +34,27 @@ inline Isa cpu_isa() {
       return Isa::Avx2;
     return Isa::Baseline;
   }();
-  const char* requested = std::getenv("LINREC_CPU_ISA");
-  if (requested == nullptr) return best;
-  if (std::strcmp(requested, "baseline") == 0) return Isa::Baseline;
-  if (std::strcmp(requested, "avx2") == 0 && best != Isa::Baseline) return Isa::Avx2;
   return best;
 #else
   return Isa::Baseline;
 #endif
+}
+
+// The best the CPU has, or the one LINREC_CPU_ISA names (baseline, avx2 or avx512), which the CPU
+// must have: the tests run every variant on one machine. Read on every call (a few nanoseconds
+// beside an op call), so that a process may switch.
+inline Isa cpu_isa() {
+  const Isa best = best_cpu_isa();
+  const char* requested = std::getenv("LINREC_CPU_ISA");
+  if (requested == nullptr || *requested == '\0') return best;
+  for (const Isa isa : {Isa::Baseline, Isa::Avx2, Isa::Avx512}) {
+    if (std::strcmp(requested, isa_name(isa)) != 0) continue;
+    if (isa > best)
+      throw std::invalid_argument(std::string("LINREC_CPU_ISA: this CPU lacks ") + requested +
+                                  " (the best it has is " + isa_name(best) + ")");
+    return isa;
+  }
+  throw std::invalid_argument(std::string("LINREC_CPU_ISA must be baseline, avx2 or avx512, got '") + requested + "'");
 }
 
 #if defined(__x86_64__)

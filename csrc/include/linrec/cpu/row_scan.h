@@ -1,8 +1,11 @@
 // CPU kernels for sequences whose time dim is contiguous (time last): W consecutive steps of one
-// sequence sit in the W lanes of a vector. The lanes are scanned in log2(W) steps of
-// shift-multiply-add (each lane composes its map with the one Shift lanes before it), and the vector
-// is then joined to the state carried from the one before: y = A * carry + B, with A the lanes'
-// running coefficient products and B their states from zero. No transposition, no gather.
+// sequence sit in the W lanes of a vector. Lane i of vector j is composed, in log2(W) steps of
+// shift-multiply-add, with the W - 1 steps before it (the window ending there, reaching into vector
+// j - 1: its lanes at each step are kept), so that the output is y_j = A_j * y_{j-1} + B_j lane by
+// lane, A and B the window's coefficient product and state from zero. The dependency between
+// vectors is then one fused multiply-add in each lane, with no lane broadcast on it. Windows of the
+// first vector of a span start at the span's start, where y_{-1} is the entering state in every
+// lane. No transposition, no gather.
 //
 // Long sequences are cut into blocks of kBlockLength steps (in scan order from the sequence's first
 // element). The state entering a block is always the previous block's map applied to the state
@@ -26,14 +29,15 @@ enum class Order { Ascending, Descending };
 
 constexpr Order opposite(Order order) { return order == Order::Ascending ? Order::Descending : Order::Ascending; }
 
-// Lane i of the result: lane i - Shift of v in scan order, or fill's lane i where there is none.
+// Lane i of the result: the lane Shift lanes before lane i in scan order, of v and then of `before`
+// (the vector scanned before v): one lane-concatenating shift.
 template <Order O, int Shift, typename V, std::size_t... I>
-inline V shift_lanes(V v, V fill, std::index_sequence<I...>) {
+inline V shift_lanes(V v, V before, std::index_sequence<I...>) {
   constexpr int W = sizeof...(I);
   if constexpr (O == Order::Ascending)
-    return __builtin_shufflevector(fill, v, (static_cast<int>(I) >= Shift ? W + static_cast<int>(I) - Shift : static_cast<int>(I))...);
+    return __builtin_shufflevector(before, v, (W + static_cast<int>(I) - Shift)...);
   else
-    return __builtin_shufflevector(fill, v, (static_cast<int>(I) + Shift < W ? W + static_cast<int>(I) + Shift : static_cast<int>(I))...);
+    return __builtin_shufflevector(v, before, (static_cast<int>(I) + Shift)...);
 }
 
 // The map s -> coeff * s + state of a span, composed vector by vector in scan order; `last` is the
@@ -122,33 +126,44 @@ struct RowScan {
   // The lane of `lanes` scanned first.
   static int first_lane(const Lanes& lanes) { return O == Order::Ascending ? lanes.first : lanes.first + lanes.count - 1; }
 
-  // Scans the lanes of (a, b) as maps s -> a s + b: afterwards lane i holds the composition of the
-  // lanes up to i in scan order (b: the state from zero; a: the product of the coefficients). A lane
-  // with no lane Shift before it composes with the identity's fill: its b gains a * 0, which is NaN
-  // only where a holds an infinite coefficient, where the recurrence is non-finite too (a sequence's
-  // first coefficient, which takes no part, is zeroed before).
-  static void scan_lanes(V& a, V& b) {
-    [&]<int... Step>(std::integer_sequence<int, Step...>) { (scan_step<1 << Step>(a, b), ...); }(
-        std::make_integer_sequence<int, __builtin_ctz(W)>());
-  }
+  static constexpr int kScanSteps = __builtin_ctz(W);
 
-  template <int Shift>
-  static void scan_step(V& a, V& b) {
-    constexpr auto kLaneIndices = std::make_index_sequence<W>();
-    b = a * shift_lanes<O, Shift>(b, V{}, kLaneIndices) + b;
-    a = a * shift_lanes<O, Shift>(a, splat<V>(A(1)), kLaneIndices);
-  }
+  // The lanes of the vector scanned before, at each step of scan_windows (the identity map's lanes
+  // before a span's first vector: its windows start at the span's start).
+  struct Windows {
+    V coeff[kScanSteps], state[kScanSteps];
 
-  // The state carried out of a scanned vector and, with the span's map, the vector's map composed
-  // after it (lane kLast of the scanned a and b).
-  template <Pass P>
-  static void finish_vector(const V& a, const V& b, const V& out, V& carry, V& map_coeff, V& map_state, bool first_vector) {
-    if constexpr ((P & kScan) != 0) carry = broadcast_lane<kLast>(out);
-    if constexpr ((P & kMap) != 0) {
-      const V a_last = broadcast_lane<kLast>(a), b_last = broadcast_lane<kLast>(b);
-      map_state = first_vector ? b_last : a_last * map_state + b_last;
-      map_coeff = first_vector ? a_last : a_last * map_coeff;
+    Windows() {
+      for (int step = 0; step < kScanSteps; ++step) coeff[step] = splat<V>(A(1)), state[step] = V{};
     }
+  };
+
+  // Scans the lanes of (a, b) as maps s -> a s + b: afterwards lane i holds the composition of the W
+  // lanes up to i in scan order, those before this vector's taken from `before`'s record of the
+  // previous vector (b: the state from zero; a: the product of the coefficients). A sequence's first
+  // coefficient, which takes no part, is zeroed before.
+  static void scan_windows(V& a, V& b, Windows& before) {
+    [&]<int... Step>(std::integer_sequence<int, Step...>) { (scan_step<Step>(a, b, before), ...); }(
+        std::make_integer_sequence<int, kScanSteps>());
+  }
+
+  template <int Step>
+  static void scan_step(V& a, V& b, Windows& before) {
+    constexpr int kShift = 1 << Step;
+    constexpr auto kLaneIndices = std::make_index_sequence<W>();
+    const V a_before = before.coeff[Step], b_before = before.state[Step];
+    before.coeff[Step] = a;
+    before.state[Step] = b;
+    b = multiply_add(a, shift_lanes<O, kShift>(b, b_before, kLaneIndices), b);
+    a = a * shift_lanes<O, kShift>(a, a_before, kLaneIndices);
+  }
+
+  // Composes the vector's windows (a, b) after the span's map, lane by lane: lane kLast's window is
+  // the vector's own W steps, so lane kLast of the map is the span's map so far. The span's first
+  // vector is its map (composing with the identity would turn an infinite a into NaN, by a * 0).
+  static void compose_map(const V& a, const V& b, V& map_coeff, V& map_state, bool first_vector) {
+    map_state = first_vector ? b : multiply_add(a, map_state, b);
+    map_coeff = first_vector ? a : a * map_coeff;
   }
 
   // Calls vector.template operator()<Full, Unit>(j) for the vectors of span [lo, hi): the first and
@@ -171,21 +186,21 @@ struct RowScan {
   // input and its coefficient takes no part).
   template <Pass P>
   static Map forward(Row<const T*> inputs, Row<const T*> coeffs, T* outputs, int64_t lo, int64_t hi, A state, bool fresh) {
-    V carry = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
+    V out = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
+    Windows before;
     for_each_vector(lo, hi, inputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
       const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
       V b = load_row<Full, Unit>(inputs, lanes, A(0));
       V a = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
-      if (!Full && fresh && j == 0) a[first_lane(lanes)] = A(0);
-      scan_lanes(a, b);
-      V out{};
+      if (!Full && fresh && j == 0) a = with_lane(a, first_lane(lanes), A(0));
+      scan_windows(a, b, before);
       if constexpr ((P & kScan) != 0) {
-        out = a * carry + b;
+        out = multiply_add(a, out, b);
         store_row<Full>(outputs, out, lanes);
       }
-      finish_vector<P>(a, b, out, carry, map_coeff, map_state, j == 0);
+      if constexpr ((P & kMap) != 0) compose_map(a, b, map_coeff, map_state, !Full && j == 0);
     });
-    return {map_coeff[0], map_state[0], A(0)};
+    return {map_coeff[kLast], map_state[kLast], A(0)};
   }
 
   // The gradient recurrence over span [lo, hi), in this struct's order O (against the forward's),
@@ -202,7 +217,8 @@ struct RowScan {
     constexpr int64_t kForwardNext = O == Order::Ascending ? -1 : 1;
     const int64_t forward_first = O == Order::Ascending ? sequence_hi - 1 : sequence_lo;
     const A initial_state = initial != nullptr ? static_cast<A>(*initial) : A(0);
-    V carry = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
+    V d = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
+    Windows before;
     A last = A(0);
     const int64_t vectors = (hi - lo + W - 1) / W;
     for_each_vector(lo, hi, d_outputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
@@ -227,25 +243,24 @@ struct RowScan {
                                                splat<V>(element(outputs, previous_beyond, sequence_lo, sequence_hi, initial_state)),
                                                kLaneIndices);
       }
-      if (!Full && fresh && j == 0) a[first_lane(lanes)] = A(0);
-      scan_lanes(a, b);
-      V d{};
+      if (!Full && fresh && j == 0) a = with_lane(a, first_lane(lanes), A(0));
+      scan_windows(a, b, before);
       if constexpr ((P & kScan) != 0) {
-        d = a * carry + b;
+        d = multiply_add(a, d, b);
         store_row<Full>(d_inputs, d, lanes);
         V d_coeff = d * previous;
         if constexpr (LogCoeffs) d_coeff = d_coeff * own_coeff;
         if constexpr (!Full) {
           const int64_t start_lane = forward_first - lanes.base;
           if (initial == nullptr && start_lane >= lanes.first && start_lane < lanes.first + lanes.count)
-            d_coeff[start_lane] = A(0);  // the first coefficient takes no part without an initial state
+            d_coeff = with_lane(d_coeff, static_cast<int>(start_lane), A(0));  // no part without an initial state
           if (j == vectors - 1) last = d[O == Order::Ascending ? lanes.first + lanes.count - 1 : lanes.first];
         }
         store_row<Full>(d_coeffs, d_coeff, lanes);
       }
-      finish_vector<P>(a, b, d, carry, map_coeff, map_state, j == 0);
+      if constexpr ((P & kMap) != 0) compose_map(a, b, map_coeff, map_state, !Full && j == 0);
     });
-    return {map_coeff[0], map_state[0], last};
+    return {map_coeff[kLast], map_state[kLast], last};
   }
 };
 

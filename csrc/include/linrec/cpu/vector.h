@@ -13,6 +13,10 @@
 #include <type_traits>
 #include <utility>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 // Vectors wider than the baseline target pass through functions that isa.h's flatten attribute
 // inlines; GCC still warns that their out-of-line ABI would differ.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -48,6 +52,20 @@ inline bool any(M mask) {
   return false;
 }
 
+// v with lane `lane` replaced by `value`: a compare and a blend (assigning v[lane] goes through
+// memory, and the whole vector's next load then waits for the store).
+template <typename V, std::size_t... I>
+inline V with_lane(V v, int lane, decltype(V{}[0]) value, std::index_sequence<I...>) {
+  using A = std::remove_cvref_t<decltype(V{}[0])>;
+  using Lanes = typename LanesOf<LaneBits<A>, sizeof...(I)>::type;
+  constexpr Lanes kIndices = {static_cast<LaneBits<A>>(I)...};
+  return kIndices == static_cast<LaneBits<A>>(lane) ? splat<V>(value) : v;
+}
+template <typename V>
+inline V with_lane(V v, int lane, decltype(V{}[0]) value) {
+  return with_lane(v, lane, value, std::make_index_sequence<sizeof(V) / sizeof(v[0])>());
+}
+
 // Lane `Lane` of v in every lane.
 template <int Lane, typename V, std::size_t... I>
 inline V broadcast_lane(V v, std::index_sequence<I...>) {
@@ -58,12 +76,104 @@ inline V broadcast_lane(V v) {
   return broadcast_lane<Lane>(v, std::make_index_sequence<sizeof(V) / sizeof(v[0])>());
 }
 
+#if defined(__x86_64__)
+// The intrinsics' type of a vector of Bytes bytes of AccBytes-byte floats (none for 16 bytes: the
+// baseline takes no intrinsics).
+template <std::size_t Bytes, std::size_t AccBytes>
+struct NativeOf {
+  using type = void;
+};
+template <>
+struct NativeOf<64, 4> { using type = __m512; };
+template <>
+struct NativeOf<64, 8> { using type = __m512d; };
+template <>
+struct NativeOf<32, 4> { using type = __m256; };
+template <>
+struct NativeOf<32, 8> { using type = __m256d; };
+
+// Fused multiply-adds of the x86-64 vector widths that have them. Each carries its own target, so
+// that only isa.h's AVX2 and AVX-512 variants (whose targets include it) inline one.
+namespace fused {
+__attribute__((target("avx512f"))) inline __m512 multiply_add(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+__attribute__((target("avx512f"))) inline __m512d multiply_add(__m512d a, __m512d b, __m512d c) { return _mm512_fmadd_pd(a, b, c); }
+__attribute__((target("fma"))) inline __m256 multiply_add(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+__attribute__((target("fma"))) inline __m256d multiply_add(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
+}  // namespace fused
+#endif
+
+// a * b + c in every lane: rounded once on the vector widths of x86-64 that have a fused
+// multiply-add (32 and 64 bytes, used only by the AVX2 and AVX-512 variants), else twice. Explicit,
+// because the build turns off the compiler's contraction: contracting differently in different
+// inlined copies of a kernel made a sequence's result depend on the number of threads.
+template <typename V>
+inline V multiply_add(V a, V b, V c) {
+#if defined(__x86_64__)
+  using A = std::remove_cvref_t<decltype(V{}[0])>;
+  if constexpr (sizeof(V) == 64 || sizeof(V) == 32) {
+    using Native = typename NativeOf<sizeof(V), sizeof(A)>::type;
+    return (V)fused::multiply_add((Native)a, (Native)b, (Native)c);
+  }
+#endif
+  return a * b + c;
+}
+
 // The element type a kernel computes in: float for the 16-bit types, else the stored type.
 template <typename T>
 using Acc = std::conditional_t<(sizeof(T) < sizeof(float)), float, T>;
 
+#if defined(__x86_64__)
+// Masked loads and stores of the x86-64 vector widths that have them (lanes outside the mask are
+// neither read nor written, so a vector may reach past a tensor's end), each with its own target as
+// in `fused`. AVX-512 masks are bits; AVX2's are lanes of all ones.
+namespace masked {
+__attribute__((target("avx512f"))) inline __m512 load(const float* lanes, __mmask16 mask, __m512 fill) { return _mm512_mask_loadu_ps(fill, mask, lanes); }
+__attribute__((target("avx512f"))) inline __m512d load(const double* lanes, __mmask8 mask, __m512d fill) { return _mm512_mask_loadu_pd(fill, mask, lanes); }
+__attribute__((target("avx512bw,avx512vl"))) inline __m256i load(const uint16_t* lanes, __mmask16 mask) { return _mm256_maskz_loadu_epi16(mask, lanes); }
+__attribute__((target("avx"))) inline __m256 load(const float* lanes, __m256i mask) { return _mm256_maskload_ps(lanes, mask); }
+__attribute__((target("avx"))) inline __m256d load(const double* lanes, __m256i mask) { return _mm256_maskload_pd(lanes, mask); }
+__attribute__((target("avx512f"))) inline void store(float* lanes, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(lanes, mask, v); }
+__attribute__((target("avx512f"))) inline void store(double* lanes, __mmask8 mask, __m512d v) { _mm512_mask_storeu_pd(lanes, mask, v); }
+__attribute__((target("avx512bw,avx512vl"))) inline void store(uint16_t* lanes, __mmask16 mask, __m256i v) { _mm256_mask_storeu_epi16(lanes, mask, v); }
+__attribute__((target("avx"))) inline void store(float* lanes, __m256i mask, __m256 v) { _mm256_maskstore_ps(lanes, mask, v); }
+__attribute__((target("avx"))) inline void store(double* lanes, __m256i mask, __m256d v) { _mm256_maskstore_pd(lanes, mask, v); }
+}  // namespace masked
+#endif
+
+// Lanes [first, first + count) of a vector of Lanes lanes: all ones there, zero elsewhere (the
+// integer lanes of an Acc's width).
+template <typename A, int Lanes, std::size_t... I>
+inline typename LanesOf<LaneBits<A>, Lanes>::type lane_range(int first, int count, std::index_sequence<I...>) {
+  using Mask = typename LanesOf<LaneBits<A>, Lanes>::type;
+  constexpr Mask kIndices = {static_cast<LaneBits<A>>(I)...};
+  return (kIndices >= static_cast<LaneBits<A>>(first)) & (kIndices < static_cast<LaneBits<A>>(first + count));
+}
+template <typename A, int Lanes>
+inline auto lane_range(int first, int count) {
+  return lane_range<A, Lanes>(first, count, std::make_index_sequence<Lanes>());
+}
+
+// The bits of Lanes bfloat16 lanes stored in 16-bit lanes, and their conversion to and from float.
+template <int Lanes>
+using BFloat16Bits = typename LanesOf<uint16_t, Lanes>::type;
+
+template <typename V, int Lanes>
+inline V from_bfloat16(BFloat16Bits<Lanes> stored) {  // bfloat16 is the upper half of a float
+  return (V)(__builtin_convertvector(stored, typename LanesOf<uint32_t, Lanes>::type) << 16);
+}
+
+template <int Lanes, typename V>
+inline BFloat16Bits<Lanes> to_bfloat16(V v) {  // rounded to nearest even, NaN to the quiet NaN, as c10::BFloat16 does
+  using Bits = typename LanesOf<uint32_t, Lanes>::type;
+  const Bits bits = (Bits)v;
+  const Bits rounded = (bits + ((bits >> 16) & 1) + 0x7FFF) >> 16;
+  const Bits nan = (Bits)(v != v);
+  return __builtin_convertvector((nan & 0x7FC0) | (~nan & rounded), BFloat16Bits<Lanes>);
+}
+
 // Loads `count` elements of T from `source` into lanes [first, first + count) of a vector of Acc; the
-// other lanes hold `pad`. Full vectors (first == 0, count == all lanes) are one load and a conversion.
+// other lanes hold `pad`. Full vectors (first == 0, count == all lanes) are one load and a conversion;
+// partial ones one masked load where the target has it.
 template <typename V, typename T>
 inline V load(const T* source, int first, int count, decltype(V{}[0]) pad) {
   using A = std::remove_cvref_t<decltype(V{}[0])>;
@@ -74,14 +184,27 @@ inline V load(const T* source, int first, int count, decltype(V{}[0]) pad) {
       std::memcpy(&v, source, sizeof(V));
       return v;
     }
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (count == kLanes) {  // bfloat16 is the upper half of a float
-      using Stored = typename LanesOf<uint16_t, kLanes>::type;
-      using Widened = typename LanesOf<uint32_t, kLanes>::type;
-      Stored stored;
-      std::memcpy(&stored, source, sizeof(stored));
-      return (V)(__builtin_convertvector(stored, Widened) << 16);
+#if defined(__x86_64__)
+    using Native = typename NativeOf<sizeof(V), sizeof(A)>::type;
+    if constexpr (sizeof(V) == 64)
+      return (V)masked::load(source - first, ((1u << count) - 1) << first, (Native)splat<V>(pad));
+    if constexpr (sizeof(V) == 32) {
+      const auto in_range = lane_range<A, kLanes>(first, count);
+      return in_range ? (V)masked::load(source - first, (__m256i)in_range) : splat<V>(pad);
     }
+#endif
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    BFloat16Bits<kLanes> stored;
+    if (count == kLanes) {
+      std::memcpy(&stored, source, sizeof(stored));
+      return from_bfloat16<V, kLanes>(stored);
+    }
+#if defined(__x86_64__)
+    if constexpr (sizeof(V) == 64) {
+      stored = (BFloat16Bits<kLanes>)masked::load(reinterpret_cast<const uint16_t*>(source - first), ((1u << count) - 1) << first);
+      return lane_range<A, kLanes>(first, count) ? from_bfloat16<V, kLanes>(stored) : splat<V>(pad);
+    }
+#endif
   }
   V v = splat<V>(pad);
   for (int i = 0; i < count; ++i) v[first + i] = static_cast<A>(source[i]);
@@ -110,17 +233,21 @@ inline void store(T* target, V v, int first, int count) {
       std::memcpy(target, &v, sizeof(V));
       return;
     }
+#if defined(__x86_64__)
+    using Native = typename NativeOf<sizeof(V), sizeof(A)>::type;
+    if constexpr (sizeof(V) == 64) return masked::store(target - first, ((1u << count) - 1) << first, (Native)v);
+    if constexpr (sizeof(V) == 32) return masked::store(target - first, (__m256i)lane_range<A, kLanes>(first, count), (Native)v);
+#endif
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (count == kLanes) {  // rounded to nearest even, NaN to the quiet NaN, as c10::BFloat16 does
-      using Bits = typename LanesOf<uint32_t, kLanes>::type;
-      using Stored = typename LanesOf<uint16_t, kLanes>::type;
-      const Bits bits = (Bits)v;
-      const Bits rounded = (bits + ((bits >> 16) & 1) + 0x7FFF) >> 16;
-      const Bits nan = (Bits)(v != v);
-      const Stored stored = __builtin_convertvector((nan & 0x7FC0) | (~nan & rounded), Stored);
+    const BFloat16Bits<kLanes> stored = to_bfloat16<kLanes>(v);
+    if (count == kLanes) {
       std::memcpy(target, &stored, sizeof(stored));
       return;
     }
+#if defined(__x86_64__)
+    if constexpr (sizeof(V) == 64)
+      return masked::store(reinterpret_cast<uint16_t*>(target - first), ((1u << count) - 1) << first, (__m256i)stored);
+#endif
   }
   for (int i = 0; i < count; ++i) target[i] = static_cast<T>(v[first + i]);
 }
