@@ -102,6 +102,13 @@ void scan_row_sequences(const SequenceLayout& layout, Isa isa, bool fresh, const
   });
 }
 
+// The batch row and packed sequence of rows-family sequence `sequence`: without packed sequences, no
+// division (two of them cost about as much as scanning a sequence of 16 steps).
+std::pair<int64_t, int64_t> row_and_segment(const SequenceLayout& layout, int64_t sequence) {
+  if (layout.num_segments == 1) return {sequence, 0};
+  return {sequence % layout.num_rows(), sequence / layout.num_rows()};
+}
+
 // The sequential family: groups of kLanes consecutive batch rows of one packed sequence (single rows
 // for the rest), spread over the pool.
 template <typename Scan>
@@ -215,7 +222,7 @@ void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
     const bool has_initial = params.initial.data != nullptr;
     if (family == Family::Rows) {
       scan_row_sequences(params, isa, !has_initial, [&](int64_t sequence, const auto& scan) {
-        const int64_t row = sequence % params.num_rows(), segment = sequence / params.num_rows();
+        const auto [row, segment] = row_and_segment(params, sequence);
         const auto [inputs, coeffs, outputs, initial] =
             params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
         const A state = has_initial ? static_cast<A>(initial[segment * params.initial.segment_stride]) : A(0);
@@ -263,7 +270,7 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
     if (family == Family::Rows) {
       // The gradient has no state before its first step (the forward's last).
       scan_row_sequences(params, isa, true, [&](int64_t sequence, const auto& scan) {
-        const int64_t row = sequence % params.num_rows(), segment = sequence / params.num_rows();
+        const auto [row, segment] = row_and_segment(params, sequence);
         const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial, d_initial] =
             params.shape.template row_pointers<T>(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
                        params.initial, params.d_initial).at;
