@@ -52,28 +52,27 @@ inline bool any(M mask) {
   return false;
 }
 
-// v with lane `lane` replaced by `value`: a compare and a blend (assigning v[lane] goes through
-// memory, and the whole vector's next load then waits for the store).
-template <typename V, std::size_t... I>
-inline V with_lane(V v, int lane, decltype(V{}[0]) value, std::index_sequence<I...>) {
-  using A = std::remove_cvref_t<decltype(V{}[0])>;
-  using Lanes = typename LanesOf<LaneBits<A>, sizeof...(I)>::type;
-  constexpr Lanes kIndices = {static_cast<LaneBits<A>>(I)...};
-  return kIndices == static_cast<LaneBits<A>>(lane) ? splat<V>(value) : v;
+// Lanes [first, first + count) of a vector of Lanes lanes: all ones there, zero elsewhere (the
+// integer lanes of an Acc's width).
+template <typename A, int Lanes, std::size_t... I>
+inline typename LanesOf<LaneBits<A>, Lanes>::type lane_range(int first, int count, std::index_sequence<I...>) {
+  using Unsigned = std::make_unsigned_t<LaneBits<A>>;
+  using Offsets = typename LanesOf<Unsigned, Lanes>::type;
+  constexpr Offsets kIndices = {static_cast<Unsigned>(I)...};
+  // One unsigned compare: lanes before `first` wrap around to large offsets.
+  return (typename LanesOf<LaneBits<A>, Lanes>::type)(kIndices - static_cast<Unsigned>(first) < static_cast<Unsigned>(count));
 }
-template <typename V>
-inline V with_lane(V v, int lane, decltype(V{}[0]) value) {
-  return with_lane(v, lane, value, std::make_index_sequence<sizeof(V) / sizeof(v[0])>());
+template <typename A, int Lanes>
+inline auto lane_range(int first, int count) {
+  return lane_range<A, Lanes>(first, count, std::make_index_sequence<Lanes>());
 }
 
-// Lane `Lane` of v in every lane.
-template <int Lane, typename V, std::size_t... I>
-inline V broadcast_lane(V v, std::index_sequence<I...>) {
-  return __builtin_shufflevector(v, v, (static_cast<int>(I) * 0 + Lane)...);
-}
-template <int Lane, typename V>
-inline V broadcast_lane(V v) {
-  return broadcast_lane<Lane>(v, std::make_index_sequence<sizeof(V) / sizeof(v[0])>());
+// v with lane `lane` replaced by `value`: a compare and a blend (assigning v[lane] goes through
+// memory, and the whole vector's next load then waits for the store).
+template <typename V>
+inline V with_lane(V v, int lane, decltype(V{}[0]) value) {
+  using A = std::remove_cvref_t<decltype(V{}[0])>;
+  return lane_range<A, sizeof(V) / sizeof(A)>(lane, 1) ? splat<V>(value) : v;
 }
 
 #if defined(__x86_64__)
@@ -123,6 +122,9 @@ template <typename T>
 using Acc = std::conditional_t<(sizeof(T) < sizeof(float)), float, T>;
 
 #if defined(__x86_64__)
+// Lanes [first, first + count) of an AVX-512 vector as mask bits (count below the lane count).
+inline unsigned lane_bits(int first, int count) { return ((1u << count) - 1) << first; }
+
 // Masked loads and stores of the x86-64 vector widths that have them (lanes outside the mask are
 // neither read nor written, so a vector may reach past a tensor's end), each with its own target as
 // in `fused`. AVX-512 masks are bits; AVX2's are lanes of all ones.
@@ -139,19 +141,6 @@ __attribute__((target("avx"))) inline void store(float* lanes, __m256i mask, __m
 __attribute__((target("avx"))) inline void store(double* lanes, __m256i mask, __m256d v) { _mm256_maskstore_pd(lanes, mask, v); }
 }  // namespace masked
 #endif
-
-// Lanes [first, first + count) of a vector of Lanes lanes: all ones there, zero elsewhere (the
-// integer lanes of an Acc's width).
-template <typename A, int Lanes, std::size_t... I>
-inline typename LanesOf<LaneBits<A>, Lanes>::type lane_range(int first, int count, std::index_sequence<I...>) {
-  using Mask = typename LanesOf<LaneBits<A>, Lanes>::type;
-  constexpr Mask kIndices = {static_cast<LaneBits<A>>(I)...};
-  return (kIndices >= static_cast<LaneBits<A>>(first)) & (kIndices < static_cast<LaneBits<A>>(first + count));
-}
-template <typename A, int Lanes>
-inline auto lane_range(int first, int count) {
-  return lane_range<A, Lanes>(first, count, std::make_index_sequence<Lanes>());
-}
 
 // The bits of Lanes bfloat16 lanes stored in 16-bit lanes, and their conversion to and from float.
 template <int Lanes>
@@ -187,7 +176,7 @@ inline V load(const T* source, int first, int count, decltype(V{}[0]) pad) {
 #if defined(__x86_64__)
     using Native = typename NativeOf<sizeof(V), sizeof(A)>::type;
     if constexpr (sizeof(V) == 64)
-      return (V)masked::load(source - first, ((1u << count) - 1) << first, (Native)splat<V>(pad));
+      return (V)masked::load(source - first, lane_bits(first, count), (Native)splat<V>(pad));
     if constexpr (sizeof(V) == 32) {
       const auto in_range = lane_range<A, kLanes>(first, count);
       return in_range ? (V)masked::load(source - first, (__m256i)in_range) : splat<V>(pad);
@@ -201,7 +190,7 @@ inline V load(const T* source, int first, int count, decltype(V{}[0]) pad) {
     }
 #if defined(__x86_64__)
     if constexpr (sizeof(V) == 64) {
-      stored = (BFloat16Bits<kLanes>)masked::load(reinterpret_cast<const uint16_t*>(source - first), ((1u << count) - 1) << first);
+      stored = (BFloat16Bits<kLanes>)masked::load(reinterpret_cast<const uint16_t*>(source - first), lane_bits(first, count));
       return lane_range<A, kLanes>(first, count) ? from_bfloat16<V, kLanes>(stored) : splat<V>(pad);
     }
 #endif
@@ -235,7 +224,7 @@ inline void store(T* target, V v, int first, int count) {
     }
 #if defined(__x86_64__)
     using Native = typename NativeOf<sizeof(V), sizeof(A)>::type;
-    if constexpr (sizeof(V) == 64) return masked::store(target - first, ((1u << count) - 1) << first, (Native)v);
+    if constexpr (sizeof(V) == 64) return masked::store(target - first, lane_bits(first, count), (Native)v);
     if constexpr (sizeof(V) == 32) return masked::store(target - first, (__m256i)lane_range<A, kLanes>(first, count), (Native)v);
 #endif
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -246,7 +235,7 @@ inline void store(T* target, V v, int first, int count) {
     }
 #if defined(__x86_64__)
     if constexpr (sizeof(V) == 64)
-      return masked::store(reinterpret_cast<uint16_t*>(target - first), ((1u << count) - 1) << first, (__m256i)stored);
+      return masked::store(reinterpret_cast<uint16_t*>(target - first), lane_bits(first, count), (__m256i)stored);
 #endif
   }
   for (int i = 0; i < count; ++i) target[i] = static_cast<T>(v[first + i]);
