@@ -271,9 +271,25 @@ def _call_forward(kernels, inputs, coeffs, dim, reverse, initial, cu_seqlens, lo
     return kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
 
 
+def _sums_atomically(kernels: Kernels, coeffs: torch.Tensor, outputs: torch.Tensor) -> bool:
+    """Whether the backward op would add broadcast coefficients' gradient atomically (the CUDA kernels sum
+    it in the kernel, in an order that varies from run to run) while ``torch.use_deterministic_algorithms(True)``
+    asks for reproducible results. With ``warn_only=True`` the atomic sum stays, as torch keeps its own
+    nondeterministic kernels then."""
+    return (kernels is COMPILED and outputs.is_cuda and coeffs.numel() < outputs.numel()
+            and torch.are_deterministic_algorithms_enabled()
+            and not torch.is_deterministic_algorithms_warn_only_enabled())
+
+
 def _call_backward(kernels, d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs):
     """The backward op, as the derivative formulas call it (doing its Autograd kernel's work as
-    ``apply_forward`` does the forward op's)."""
+    ``apply_forward`` does the forward op's). Under deterministic algorithms, broadcast coefficients
+    are passed expanded (a stride-0 view): the kernels write the gradient per element and torch sums it
+    in a fixed order."""
+    if _sums_atomically(kernels, coeffs, outputs):
+        d_inputs, d_coeffs, d_initial = _call_backward(kernels, d_outputs, coeffs.expand(outputs.shape), outputs,
+                                                       dim, reverse, initial, cu_seqlens, log_coeffs)
+        return d_inputs, _reduce_to(d_coeffs, coeffs), d_initial
     if not direct((d_outputs, coeffs, outputs, initial, cu_seqlens)):
         return kernels.backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs)
     if _records((d_outputs, coeffs, outputs, initial)):

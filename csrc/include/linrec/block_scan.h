@@ -26,10 +26,11 @@ struct Affine {  // y -> coeff * y + value
   Acc value;
 };
 
-// The map that applies `earlier`, then `later`.
+// The map that applies `earlier`, then `later`. A later map with coefficient 0 (one that holds a
+// sequence start) is constant: it ignores the earlier one, non-finite values included (numeric.h).
 template <typename Acc>
 __device__ __forceinline__ Affine<Acc> then(const Affine<Acc>& earlier, const Affine<Acc>& later) {
-  return {later.coeff * earlier.coeff, later.coeff * earlier.value + later.value};
+  return {compose_coefficients(later.coeff, earlier.coeff), advance(later.coeff, earlier.value, later.value)};
 }
 
 // Inclusive scan of maps across a segment of Width lanes of a warp (every lane calls it), in scan
@@ -57,7 +58,7 @@ struct RunningPrefix {
   Acc carry = Acc(0);
   __device__ __forceinline__ Acc operator()(const Affine<Acc>& tile_total) {
     const Acc before = carry;
-    carry = tile_total.coeff * carry + tile_total.value;
+    carry = advance(tile_total.coeff, carry, tile_total.value);
     return before;
   }
 };
@@ -107,8 +108,8 @@ struct TileScan {
     #pragma unroll
     for (int n = 1; n < Items; ++n) {
       const int i = Reverse ? Items - 1 - n : n, prev = Reverse ? i + 1 : i - 1;
-      value[i] = coeff[i] * value[prev] + value[i];
-      coeff[i] = coeff[i] * coeff[prev];
+      value[i] = advance(coeff[i], value[prev], value[i]);
+      coeff[i] = compose_coefficients(coeff[i], coeff[prev]);
     }
     const int last = Reverse ? 0 : Items - 1;
     Affine<Acc> running{coeff[last], value[last]};
@@ -140,9 +141,9 @@ struct TileScan {
 
     // 4. Every element gets the output before its thread's chunk.
     const Acc carry = prefix(total);
-    const Acc before_chunk = exclusive.coeff * carry + exclusive.value;
+    const Acc before_chunk = advance(exclusive.coeff, carry, exclusive.value);
     #pragma unroll
-    for (int i = 0; i < Items; ++i) value[i] = coeff[i] * before_chunk + value[i];
+    for (int i = 0; i < Items; ++i) value[i] = advance(coeff[i], before_chunk, value[i]);
   }
 };
 

@@ -85,6 +85,49 @@ struct accumulator<ChannelPair<Real>> {
 template <typename T>
 using accumulator_t = typename accumulator<T>::type;
 
+// Whether a value is exactly zero (both parts of a complex number or a channel pair).
+template <typename Acc>
+LINREC_HOST_DEVICE bool is_zero(const Acc& value) {
+  if constexpr (is_complex<Acc>::value) return value.re == 0 && value.im == 0;
+  else if constexpr (is_channel_pair<Acc>::value) return value.first == 0 && value.second == 0;
+  else return value == Acc(0);
+}
+
+// Whether a value is finite (neither NaN nor +-Inf, in every part). x - x is 0 for finite x and NaN
+// otherwise, so one comparison serves every accumulator type without a library call.
+template <typename Acc>
+LINREC_HOST_DEVICE bool is_finite(const Acc& value) {
+  if constexpr (is_complex<Acc>::value) return is_finite(value.re) && is_finite(value.im);
+  else if constexpr (is_channel_pair<Acc>::value) return is_finite(value.first) && is_finite(value.second);
+  else return value - value == Acc(0);
+}
+
+// `coeff * state + value`, the state passed through a coefficient. A coefficient that is exactly zero
+// drops the state rather than multiplying it: that is how a sequence start resets the state in the
+// parallel kernels (its coefficient is set to 0), and a non-finite state before a start must not turn
+// the new sequence into NaN (0 * Inf). Elsewhere the two agree for finite states, and a sequence whose
+// state is non-finite is rescanned sequentially (nonfinite_rescan.h), which multiplies as the loop does.
+// For channel pairs each channel decides for itself.
+template <typename Acc>
+LINREC_HOST_DEVICE Acc advance(const Acc& coeff, const Acc& state, const Acc& value) {
+  if constexpr (is_channel_pair<Acc>::value) {
+    return {advance(coeff.first, state.first, value.first), advance(coeff.second, state.second, value.second)};
+  } else {
+    return is_zero(coeff) ? value : coeff * state + value;
+  }
+}
+
+// The coefficient of two steps, `later` applied after `earlier`: their product, or the later one where
+// it is zero (a reset stays a reset whatever came before it, Inf and NaN included).
+template <typename Acc>
+LINREC_HOST_DEVICE Acc compose_coefficients(const Acc& later, const Acc& earlier) {
+  if constexpr (is_channel_pair<Acc>::value) {
+    return {compose_coefficients(later.first, earlier.first), compose_coefficients(later.second, earlier.second)};
+  } else {
+    return is_zero(later) ? later : later * earlier;
+  }
+}
+
 // A coefficient as the recurrence uses it: the stored value, or its exponential with log_coeffs
 // (which the op layer refuses for complex types).
 template <typename Acc>

@@ -1,8 +1,9 @@
 // The recurrence run element after element over strided operands: the CPU kernel for layouts the
-// vector kernels do not take (and complex types), the CUDA kernel for layouts whose time dim is not
-// contiguous (one thread per sequence), and the host reference of
+// vector kernels do not take (and complex types), the rescan of sequences whose parallel results hold
+// a non-finite value (CPU rows and every CUDA kernel: nonfinite_rescan.h), and the host reference of
 // the standalone CUDA kernel check. Every feature of the params (strides, broadcasting, initial
-// state, packed sequences, log coefficients, complex types) is handled here in its plainest form.
+// state, packed sequences, log coefficients, complex types) is handled here in its plainest form, with
+// the loop's IEEE semantics: each step multiplies the state by its coefficient.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@ namespace linrec {
 // when it is off (a runtime test there made the CPU kernel 4x slower).
 template <bool LogCoeffs, int Lanes, typename T>
 LINREC_HOST_DEVICE void sequential_scan_forward_impl(const ForwardParams& params, const int64_t (&rows)[Lanes],
-                                                     int64_t segment) {
+                                                     int64_t segment, int64_t from_step) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1);
   const bool has_initial = params.initial.data != nullptr;
@@ -44,14 +45,14 @@ LINREC_HOST_DEVICE void sequential_scan_forward_impl(const ForwardParams& params
       // Without an initial state the first coefficient takes no part (a NaN or Inf in it does not
       // reach the outputs).
       state[k] = n == 0 && !has_initial ? input : coeff * state[k] + input;
-      outputs[k][t * params.outputs.time_stride] = static_cast<T>(state[k]);
+      if (n >= from_step) outputs[k][t * params.outputs.time_stride] = static_cast<T>(state[k]);
     }
   }
 }
 
 template <bool LogCoeffs, int Lanes, typename T>
 LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& params, const int64_t (&rows)[Lanes],
-                                                      int64_t segment) {
+                                                      int64_t segment, int64_t from_step) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1);
   const bool has_initial = params.initial.data != nullptr;
@@ -86,6 +87,8 @@ LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& para
     for (int k = 0; k < Lanes; ++k) {
       d_state[k] = next_coeff[k] * d_state[k] + static_cast<Acc>(d_outputs[k][t * params.d_outputs.time_stride]);
       const Acc coeff = coefficient(static_cast<Acc>(coeffs[k][t * params.coeffs.time_stride]), LogCoeffs);
+      next_coeff[k] = conj(coeff);
+      if (n < from_step) continue;
       d_inputs[k][t * params.d_inputs.time_stride] = static_cast<T>(d_state[k]);
       Acc d_coeff = Acc(0);
       if (has_prev || has_initial) {
@@ -94,8 +97,9 @@ LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& para
         d_coeff = d_state[k] * conj(prev);
         if constexpr (LogCoeffs) d_coeff = d_coeff * coeff;  // d/d(log c) = c * d/dc
       }
-      d_coeffs[k][t * params.d_coeffs.time_stride] = static_cast<T>(d_coeff);
-      next_coeff[k] = conj(coeff);
+      // A summed d_coeffs (the CUDA kernels' broadcast coefficients) is added into by the parallel
+      // kernels alone: a rescan leaves it as they left it.
+      if (!params.sum_d_coeffs) d_coeffs[k][t * params.d_coeffs.time_stride] = static_cast<T>(d_coeff);
     }
   }
   if (has_initial)
@@ -103,18 +107,21 @@ LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& para
       *d_initial[k] = static_cast<T>(length > 0 ? next_coeff[k] * d_state[k] : Acc(0));
 }
 
+// Scans packed sequence `segment` of `rows`, storing the results of its steps from `from_step` on (in
+// scan order from the sequence's first): a rescan keeps the parallel results before the first
+// non-finite one (nonfinite_rescan.h).
 template <int Lanes, typename T>
 LINREC_HOST_DEVICE void sequential_scan_forward(const ForwardParams& params, const int64_t (&rows)[Lanes],
-                                                int64_t segment) {
-  if (params.log_coeffs) sequential_scan_forward_impl<true, Lanes, T>(params, rows, segment);
-  else sequential_scan_forward_impl<false, Lanes, T>(params, rows, segment);
+                                                int64_t segment, int64_t from_step = 0) {
+  if (params.log_coeffs) sequential_scan_forward_impl<true, Lanes, T>(params, rows, segment, from_step);
+  else sequential_scan_forward_impl<false, Lanes, T>(params, rows, segment, from_step);
 }
 
 template <int Lanes, typename T>
 LINREC_HOST_DEVICE void sequential_scan_backward(const BackwardParams& params, const int64_t (&rows)[Lanes],
-                                                 int64_t segment) {
-  if (params.log_coeffs) sequential_scan_backward_impl<true, Lanes, T>(params, rows, segment);
-  else sequential_scan_backward_impl<false, Lanes, T>(params, rows, segment);
+                                                 int64_t segment, int64_t from_step = 0) {
+  if (params.log_coeffs) sequential_scan_backward_impl<true, Lanes, T>(params, rows, segment, from_step);
+  else sequential_scan_backward_impl<false, Lanes, T>(params, rows, segment, from_step);
 }
 
 }  // namespace linrec

@@ -13,6 +13,7 @@
 #include <torch/headeronly/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "linrec/cpu/isa.h"
 #include "linrec/cpu/row_scan.h"
 #include "linrec/dispatch.h"
+#include "linrec/nonfinite_rescan.h"
 #include "linrec/ops.h"
 #include "linrec/sequential_scan.h"
 
@@ -163,6 +165,28 @@ int64_t vector_lanes(Isa isa) {
   return bytes / static_cast<int64_t>(sizeof(A));
 }
 
+// Whether values[lo, hi) hold a non-finite value. The row kernels compose coefficients into products
+// across a vector's lanes, which underflow or overflow where the loop never forms them (an Inf state
+// times an underflowed product is NaN where the loop keeps +-Inf): a sequence whose results hold a
+// non-finite value is scanned again by the plain recurrence from its first one (nonfinite_rescan.h).
+// Read right after a span is written, while it is in cache. The channels and sequential families run
+// the plain recurrence already.
+template <typename T>
+bool holds_nonfinite(const T* values, int64_t lo, int64_t hi) {
+  bool found = false;
+  for (int64_t t = lo; t < hi; ++t) found |= !is_finite(static_cast<cpu::Acc<T>>(values[t]));
+  return found;
+}
+
+// Set by the spans of a sequence (several threads where it is split) that write a non-finite result.
+struct NonfiniteFlag {
+  mutable std::atomic<bool> found{false};
+  void check(bool nonfinite) const {
+    if (nonfinite) found.store(true, std::memory_order_relaxed);
+  }
+  explicit operator bool() const { return found.load(std::memory_order_relaxed); }
+};
+
 // One forward sequence of the rows family, as blocked_sequence.h's Job.
 template <typename T, Order O, bool LogCoeffs>
 struct ForwardRowJob : cpu::BlockedSpan {
@@ -171,11 +195,14 @@ struct ForwardRowJob : cpu::BlockedSpan {
   const T* coeffs;
   bool coeffs_unit;
   T* outputs;
+  const NonfiniteFlag* nonfinite;
 
   template <int Bytes, cpu::Pass P>
   cpu::SpanMap<cpu::Acc<T>> span(int64_t lo, int64_t hi, cpu::Acc<T> state, bool fresh) const {
-    return cpu::RowScan<T, Bytes, O, LogCoeffs>::template forward<P>({inputs, inputs_unit}, {coeffs, coeffs_unit}, outputs,
-                                                                     lo, hi, state, fresh);
+    const auto map = cpu::RowScan<T, Bytes, O, LogCoeffs>::template forward<P>({inputs, inputs_unit}, {coeffs, coeffs_unit},
+                                                                               outputs, lo, hi, state, fresh);
+    if constexpr ((P & cpu::kScan) != 0) nonfinite->check(holds_nonfinite(outputs, lo, hi));
+    return map;
   }
   template <int Bytes>
   void finish(cpu::Acc<T>) const {}
@@ -187,12 +214,15 @@ struct BackwardRowJob : cpu::BlockedSpan {
   const T *d_outputs, *coeffs, *outputs, *initial;
   bool d_outputs_unit, coeffs_unit;
   T *d_inputs, *d_coeffs, *d_initial;
+  const NonfiniteFlag* nonfinite;
 
   template <int Bytes, cpu::Pass P>
   cpu::SpanMap<cpu::Acc<T>> span(int64_t span_lo, int64_t span_hi, cpu::Acc<T> state, bool fresh) const {
-    return cpu::RowScan<T, Bytes, O, LogCoeffs>::template backward<P>(
+    const auto map = cpu::RowScan<T, Bytes, O, LogCoeffs>::template backward<P>(
         {d_outputs, d_outputs_unit}, {coeffs, coeffs_unit}, {outputs, true}, d_inputs, d_coeffs, lo, hi, span_lo, span_hi,
         initial, state, fresh);
+    if constexpr ((P & cpu::kScan) != 0) nonfinite->check(holds_nonfinite(d_inputs, span_lo, span_hi));
+    return map;
   }
   // d_initial = coeff at the forward's first step times the gradient there.
   template <int Bytes>
@@ -226,10 +256,12 @@ void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
         const auto [inputs, coeffs, outputs, initial] =
             params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
         const A state = has_initial ? static_cast<A>(initial[segment * params.initial.segment_stride]) : A(0);
+        const NonfiniteFlag nonfinite;
         const ForwardRowJob<T, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O},
                                                  inputs, params.inputs.time_stride == 1, coeffs,
-                                                 params.coeffs.time_stride == 1, outputs};
+                                                 params.coeffs.time_stride == 1, outputs, &nonfinite};
         scan(job, state);
+        if (nonfinite) rescan_segment<T>(params, row, segment);
       });
       return;
     }
@@ -284,7 +316,10 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
         job.d_inputs = d_inputs;
         job.d_coeffs = d_coeffs;
         job.d_initial = has_initial ? d_initial + segment * params.d_initial.segment_stride : nullptr;
+        const NonfiniteFlag nonfinite;
+        job.nonfinite = &nonfinite;
         scan(job, A(0));
+        if (nonfinite) rescan_segment<T>(params, row, segment);
       });
       return;
     }

@@ -22,6 +22,7 @@
 #include "linrec/dispatch.h"
 #include "linrec/lookback.h"
 #include "linrec/memio.h"
+#include "linrec/nonfinite_rescan.h"
 #include "linrec/numeric.h"
 #include "linrec/sequence_starts.h"
 
@@ -229,17 +230,17 @@ struct PipeThread {
   static constexpr int kSegmentWarps = Config.threads_per_sequence / kSegmentLanes;
   using Scan = TileScan<kSegmentLanes, kSegmentWarps, kItems, ScanReverse>;
   using IO = TileIO<T, Config.threads_per_sequence, block_threads(Config), kItems, Config.access>;
-  // The look-back's window scan (lookback.h): the first warp, a chunk a lane, for time-contiguous
-  // rows; the block arranged like the tile, 4 chunks a thread, for strided time.
+  // The look-back's threads (lookback.h): the first warp, a chunk a lane, for time-contiguous rows;
+  // the block arranged like the tile, 4 chunks a thread, for strided time.
   static constexpr int kWindowItems = kStrided ? 4 : 1;
   static constexpr int kLookBackThreads = kStrided ? block_threads(Config) : kWarp;
-  using WindowScan = std::conditional_t<kStrided, TileScan<kSegmentLanes, kSegmentWarps, kWindowItems, false>,
-                                        TileScan<kWarp, 1, kWindowItems, false>>;
-  using Chain = ChainedPrefix<Acc, kChained ? kSequencesPerBlock : 1, WindowScan, kWindowItems, kLookBackThreads>;
+  using Chain = ChainedPrefix<Acc, kChained ? kSequencesPerBlock : 1, kWindowItems, kLookBackThreads>;
   struct Storage {
     typename Scan::template Storage<Acc> scan;
     typename IO::Storage io;
     std::conditional_t<kChained, typename Chain::Storage, NoStorage> chain;
+    bool flagged[kSequencesPerBlock];  // Pipe: the sequences a thread wrote a non-finite result of
+    bool last;                         // Chained: whether this block is its group's last to finish
   };
 
   typename Scan::template Storage<Acc>& scan_storage;
@@ -277,7 +278,7 @@ struct PipeThread {
     return group * kSequencesPerBlock + (kStrided ? threadIdx.x % kWarp : threadIdx.x / Config.threads_per_sequence);
   }
 
-  static ChainLayout<Acc, kSequencesPerBlock> chain_layout(const SequenceLayout& layout) {
+  __host__ __device__ static ChainLayout<Acc, kSequencesPerBlock> chain_layout(const SequenceLayout& layout) {
     return {(layout.num_rows() + kSequencesPerBlock - 1) / kSequencesPerBlock, (layout.seq_len + kTile - 1) / kTile};
   }
 
@@ -290,8 +291,7 @@ struct PipeThread {
     if constexpr (kChained) {
       // Strided: the look-back threads are the tile's; rows: the first warp's lanes, a chunk each.
       return Chain{storage.chain, layout.workspace, {num_groups, num_tiles}, group, chunk, sequence_in_block,
-                   kStrided ? rank : static_cast<int>(threadIdx.x % kWarp),
-                   (kStrided ? Config.threads_per_sequence : kWarp) * kWindowItems, active};
+                   kStrided ? rank : static_cast<int>(threadIdx.x % kWarp), active};
     } else {
       return RunningPrefix<Acc>{};
     }
@@ -341,6 +341,37 @@ struct PipeThread {
   __device__ __forceinline__ void scan(Acc (&value)[kItems], Acc (&coeff)[kItems], Prefix& prefix) const {
     Scan::scan(value, coeff, scan_storage, prefix);
   }
+
+  // Called by every thread of the block after its tiles, with whether this thread wrote a non-finite
+  // result: rescans the rows of the block's sequences that hold one (nonfinite_rescan.h), each by its
+  // first thread. Pipe: the block has every tile of its rows, and its threads vote. Chained: the
+  // block of a group that finishes last (a count in the workspace, after every block's results are
+  // visible) rescans the rows that any of the group's blocks flagged.
+  template <typename Params>
+  __device__ __forceinline__ void rescan_nonfinite(Storage& storage, const Params& params, bool nonfinite) const {
+    bool flagged;
+    if constexpr (kChained) {
+      static_assert(kSequencesPerBlock <= 32, "a chained group's sequences are bits of one int");
+      int* const counters = chain_layout(params).rescan_counters(params.workspace, group);
+      if (nonfinite) atomicOr(counters + 1, 1 << sequence_in_block);
+      __threadfence();  // this thread's results, before its block counts as done
+      __syncthreads();
+      if (threadIdx.x == 0) storage.last = atomicAdd(counters, 1) == num_tiles - 1;
+      __syncthreads();
+      if (!storage.last) return;
+      __threadfence();
+      flagged = __ldcg(counters + 1) >> sequence_in_block & 1;
+    } else {
+      if (!__syncthreads_or(nonfinite)) return;
+      if (threadIdx.x < kSequencesPerBlock) storage.flagged[threadIdx.x] = false;
+      __syncthreads();
+      if (nonfinite) storage.flagged[sequence_in_block] = true;
+      __syncthreads();
+      flagged = storage.flagged[sequence_in_block];
+    }
+    const int64_t row = sequence_of(params);
+    if (flagged && rank == 0 && row < params.num_rows()) linrec::rescan_nonfinite<T>(params, row);
+  }
 };
 
 template <typename T, typename PolicyT>
@@ -369,6 +400,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
   Acc value[kItems], coeff[kItems];
   if constexpr (Thread::kPrefetch) fetch_tile(thread.first_step(), value, coeff);
   auto prefix = thread.make_prefix(storage, params);
+  bool nonfinite = false;
   for (int64_t step = thread.first_step(); step < end_step; ++step) {
     const int64_t begin = thread.chunk_begin(step);
     if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff);
@@ -392,11 +424,13 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
       if (step + 1 < end_step) fetch_tile(step + 1, next_value, next_coeff);
     thread.scan(value, coeff, prefix);
     thread.store(params.outputs, outputs, step, value);
+    nonfinite = nonfinite || !all_finite(value);
     if constexpr (Thread::kPrefetch) {
       #pragma unroll
       for (int i = 0; i < kItems; ++i) value[i] = next_value[i], coeff[i] = next_coeff[i];
     }
   }
+  thread.rescan_nonfinite(storage, params, nonfinite);
 }
 
 // d_inputs[l] = conj(coeffs[next]) * d_inputs[next] + d_outputs[l], scanning against the forward
@@ -450,6 +484,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   Acc value[kItems], coeff[kItems], output[kItems], coeff_after, output_before;
   if constexpr (Thread::kPrefetch) fetch_tile(thread.first_step(), value, coeff, output, coeff_after, output_before);
   auto prefix = thread.make_prefix(storage, params);
+  bool nonfinite = false;
   for (int64_t step = thread.first_step(); step < end_step; ++step) {
     const int64_t begin = thread.chunk_begin(step);
     if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff, output, coeff_after, output_before);
@@ -512,6 +547,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       });
     }
     thread.store(params.d_inputs, d_inputs, step, value);
+    nonfinite = nonfinite || !all_finite(value);
     if constexpr (sums) CoeffSum::add(params.d_coeffs, coeff_sum_row, params.seq_len, prev_output, begin, length);
     else thread.store(params.d_coeffs, d_coeffs, step, prev_output);
     if constexpr (Thread::kPrefetch) {
@@ -520,6 +556,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
     }
   }
   if constexpr (sums) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
+  thread.rescan_nonfinite(storage, params, nonfinite);
 }
 
 bool is_aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }

@@ -30,9 +30,30 @@ import triton.language as tl
 
 
 @triton.jit
+def _advance(coeff, state, value):
+    """``coeff * state + value``, where a coefficient of exactly 0 (a sequence's start) drops the state
+    rather than multiplying it, so that an infinite or NaN state does not cross a reset."""
+    return tl.where(coeff == 0, value, coeff * state + value)
+
+
+@triton.jit
 def _compose(coeff_earlier, input_earlier, coeff_later, input_later):
-    # y -> c1*y + x1 followed by y -> c2*y + x2 is y -> (c2*c1)*y + (c2*x1 + x2).
-    return coeff_later * coeff_earlier, coeff_later * input_earlier + input_later
+    # y -> c1*y + x1 followed by y -> c2*y + x2 is y -> (c2*c1)*y + (c2*x1 + x2); c2 = 0 is constant.
+    return tl.where(coeff_later == 0, coeff_later, coeff_later * coeff_earlier), \
+        _advance(coeff_later, input_earlier, input_later)
+
+
+@triton.jit
+def _nonfinite(values):
+    return (values != values) | (tl.abs(values) == float("inf"))
+
+
+@triton.jit
+def _flag_nonfinite(values, flags_ptr, b0, b1, batch1, channels, cols, col_valid):
+    """Marks the (row, channel) columns of a (BLOCK_L, BLOCK_C) tile that hold a non-finite value in the
+    (rows, channels) flags, which the rescan kernels read."""
+    nonfinite = tl.max(_nonfinite(values).to(tl.int32), axis=0)
+    tl.store(flags_ptr + (b0 * batch1 + b1) * channels + cols, nonfinite, mask=col_valid & (nonfinite != 0))
 
 
 @triton.jit
@@ -88,7 +109,7 @@ def _program_tile(channels, rows, batch1, channel_blocks, segment_length, length
 @triton.jit
 def linrec_forward_kernel(
     inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr, carries_ptr, products_ptr,
-    length, channels, rows, batch1, channel_blocks, segment_length,
+    flags_ptr, length, channels, rows, batch1, channel_blocks, segment_length,
     inputs_b0, inputs_b1, inputs_l, inputs_c,
     coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
     outputs_b0, outputs_b1, outputs_l, outputs_c,
@@ -131,14 +152,17 @@ def linrec_forward_kernel(
         if PACKED or not HAS_INITIAL:
             coeffs = tl.where(first, tl.zeros_like(coeffs), coeffs)
         scanned_coeffs, scanned_inputs = tl.associative_scan((coeffs, inputs), 0, _compose, reverse=REVERSE)
-        outputs = scanned_inputs + scanned_coeffs * carry[None, :]
+        outputs = _advance(scanned_coeffs, carry[None, :], scanned_inputs)
         if not AGGREGATE:
             tl.store(outputs_ptr + positions[:, None] * outputs_l, outputs.to(outputs_ptr.dtype.element_ty),
                      mask=mask)
         # Positions past the end read the identity, so the tile's last row in scan order is the state.
         carry = _row_at(outputs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
         if AGGREGATE:
-            product = product * _row_at(scanned_coeffs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
+            last_coeffs = _row_at(scanned_coeffs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
+            product = tl.where(last_coeffs == 0, last_coeffs, last_coeffs * product)
+        else:
+            _flag_nonfinite(outputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
     if AGGREGATE:
         tl.store(carries_ptr + state_offset, carry, mask=col_valid)
         tl.store(products_ptr + state_offset, product, mask=col_valid)
@@ -147,7 +171,7 @@ def linrec_forward_kernel(
 @triton.jit
 def linrec_backward_kernel(
     d_outputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr,
-    d_inputs_ptr, d_coeffs_ptr, d_initial_ptr, carries_ptr, products_ptr,
+    d_inputs_ptr, d_coeffs_ptr, d_initial_ptr, carries_ptr, products_ptr, flags_ptr,
     length, channels, rows, batch1, channel_blocks, segment_length, d_coeffs_segment,
     d_outputs_b0, d_outputs_b1, d_outputs_l, d_outputs_c,
     coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
@@ -202,11 +226,13 @@ def linrec_backward_kernel(
         d_outputs = tl.load(d_outputs_ptr + positions[:, None] * d_outputs_l, mask=mask, other=0.0).to(ACC)
         scanned_coeffs, scanned = tl.associative_scan((following_coeffs, d_outputs), 0, _compose,
                                                       reverse=not REVERSE)
-        d_inputs = scanned + scanned_coeffs * carry[None, :]
+        d_inputs = _advance(scanned_coeffs, carry[None, :], scanned)
         carry = _row_at(d_inputs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
         if AGGREGATE:
-            product = product * _row_at(scanned_coeffs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
+            last_coeffs = _row_at(scanned_coeffs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
+            product = tl.where(last_coeffs == 0, last_coeffs, last_coeffs * product)
         else:
+            _flag_nonfinite(d_inputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
             tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),
                      mask=mask)
             d_coeffs = _coefficient_gradients(
@@ -247,3 +273,134 @@ def _coefficient_gradients(d_inputs, first, sequence, positions, mask, step_alon
             tl.store(d_initial_ptr + sequence[:, None] * initial_sequence,
                      d_initial.to(d_initial_ptr.dtype.element_ty), mask=mask & first)
     return tl.where(mask, d_coeffs, tl.zeros_like(d_coeffs))
+
+
+@triton.jit
+def _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED: tl.constexpr):
+    if PACKED:
+        return tl.load(cu_seqlens_ptr + sequence), tl.load(cu_seqlens_ptr + sequence + 1)
+    return 0, length
+
+
+@triton.jit
+def _first_nonfinite(pointers, stride, begin, end, mask, REVERSE: tl.constexpr, ACC: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    """Per column, the steps in scan order before the first non-finite value at [begin, end) along time
+    (end - begin where there is none)."""
+    steps = end - begin
+    first = tl.zeros([BLOCK_C], dtype=tl.int32) + steps
+    for n in range(0, steps):
+        t = end - 1 - n if REVERSE else begin + n
+        value = tl.load(pointers + t * stride, mask=mask, other=0.0).to(ACC)
+        first = tl.where(_nonfinite(value) & (first == steps), n, first)
+    return first
+
+
+@triton.jit
+def linrec_rescan_forward_kernel(
+    inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, flags_ptr,
+    length, channels, batch1, channel_blocks, sequences,
+    inputs_b0, inputs_b1, inputs_l, inputs_c,
+    coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
+    outputs_b0, outputs_b1, outputs_l, outputs_c,
+    initial_b0, initial_b1, initial_c, initial_sequence,
+    REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """The loop over the packed sequences (whole rows without packing) of the (row, channel) columns the
+    forward kernel flagged whose outputs hold a non-finite value: the recurrence's IEEE answer, which the
+    parallel scan's products of coefficients can miss (csrc/include/linrec/nonfinite_rescan.h says why),
+    stored from the first non-finite output on. A program takes a row and BLOCK_C channels, and does
+    nothing more where none is flagged."""
+    program = tl.program_id(0)
+    row = program // channel_blocks
+    b0, b1 = row // batch1, row % batch1
+    cols = (program % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    flagged = tl.load(flags_ptr + row * channels + cols, mask=cols < channels, other=0) != 0
+    if tl.max(flagged.to(tl.int32), axis=0) != 0:
+        inputs_ptr += b0 * inputs_b0 + b1 * inputs_b1 + cols * inputs_c
+        coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
+        outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
+        initial_ptr += b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
+        for sequence in range(0, sequences):
+            begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+            first = _first_nonfinite(outputs_ptr, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C)
+            rescanned = flagged & (first < end - begin)
+            if tl.max(rescanned.to(tl.int32), axis=0) != 0:
+                state = tl.zeros([BLOCK_C], dtype=ACC)
+                if HAS_INITIAL:
+                    state = tl.load(initial_ptr + sequence * initial_sequence, mask=rescanned, other=0.0).to(ACC)
+                for n in range(0, end - begin):
+                    t = end - 1 - n if REVERSE else begin + n
+                    x = tl.load(inputs_ptr + t * inputs_l, mask=rescanned, other=0.0).to(ACC)
+                    c = _load_coeffs(coeffs_ptr + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
+                    if HAS_INITIAL:
+                        state = c * state + x
+                    else:
+                        state = tl.where(n == 0, x, c * state + x)
+                    tl.store(outputs_ptr + t * outputs_l, state.to(outputs_ptr.dtype.element_ty),
+                             mask=rescanned & (n >= first))
+
+
+@triton.jit
+def linrec_rescan_backward_kernel(
+    d_outputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, d_inputs_ptr, d_coeffs_ptr, d_initial_ptr,
+    flags_ptr, length, channels, batch1, channel_blocks, sequences,
+    d_outputs_b0, d_outputs_b1, d_outputs_l, d_outputs_c,
+    coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
+    outputs_b0, outputs_b1, outputs_l, outputs_c,
+    initial_b0, initial_b1, initial_c, initial_sequence,
+    d_inputs_b0, d_inputs_b1, d_inputs_l, d_inputs_c,
+    d_coeffs_b0, d_coeffs_b1, d_coeffs_l, d_coeffs_c,
+    REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
+    STORE_COEFFS: tl.constexpr, ACC: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """The backward's loop over the flagged columns' sequences whose d_inputs hold a non-finite value:
+    d_inputs, d_coeffs per element (STORE_COEFFS; a sum over time is left as the backward kernel made it)
+    and d_initial, as linrec_rescan_forward_kernel rescans the forward."""
+    program = tl.program_id(0)
+    row = program // channel_blocks
+    b0, b1 = row // batch1, row % batch1
+    cols = (program % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    flagged = tl.load(flags_ptr + row * channels + cols, mask=cols < channels, other=0) != 0
+    if tl.max(flagged.to(tl.int32), axis=0) != 0:
+        d_outputs_ptr += b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols * d_outputs_c
+        coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
+        outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
+        initial_offset = b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
+        d_inputs_ptr += b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols * d_inputs_c
+        d_coeffs_ptr += b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols * d_coeffs_c
+        step = 1 if REVERSE else -1  # against the forward scan
+        for sequence in range(0, sequences):
+            begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+            first = _first_nonfinite(d_inputs_ptr, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C)
+            rescanned = flagged & (first < end - begin)
+            if tl.max(rescanned.to(tl.int32), axis=0) != 0:
+                d_state = tl.zeros([BLOCK_C], dtype=ACC)
+                next_coeff = tl.zeros([BLOCK_C], dtype=ACC)
+                for n in range(0, end - begin):
+                    t = begin + n if REVERSE else end - 1 - n
+                    g = tl.load(d_outputs_ptr + t * d_outputs_l, mask=rescanned, other=0.0).to(ACC)
+                    d_state = next_coeff * d_state + g
+                    c = _load_coeffs(coeffs_ptr + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
+                    stored = rescanned & (n >= first)
+                    tl.store(d_inputs_ptr + t * d_inputs_l, d_state.to(d_inputs_ptr.dtype.element_ty), mask=stored)
+                    if STORE_COEFFS:
+                        has_previous = tl.zeros([BLOCK_C], dtype=tl.int32) + (n + 1) < end - begin
+                        previous = tl.load(outputs_ptr + (t + step) * outputs_l, mask=rescanned & has_previous,
+                                           other=0.0).to(ACC)
+                        if HAS_INITIAL:
+                            first_state = tl.load(initial_ptr + initial_offset + sequence * initial_sequence,
+                                                  mask=rescanned, other=0.0).to(ACC)
+                            previous = tl.where(has_previous, previous, first_state)
+                        d_coeff = d_state * previous
+                        if LOG_COEFFS:
+                            d_coeff = d_coeff * c
+                        if not HAS_INITIAL:
+                            d_coeff = tl.where(has_previous, d_coeff, tl.zeros_like(d_coeff))
+                        tl.store(d_coeffs_ptr + t * d_coeffs_l, d_coeff.to(d_coeffs_ptr.dtype.element_ty),
+                                 mask=stored)
+                    next_coeff = c
+                if HAS_INITIAL:
+                    tl.store(d_initial_ptr + initial_offset + sequence * initial_sequence,
+                             (next_coeff * d_state).to(d_initial_ptr.dtype.element_ty), mask=rescanned)

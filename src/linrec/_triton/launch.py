@@ -13,7 +13,8 @@ import torch
 import triton.language as tl
 
 from . import check_dtype, configs
-from .kernels import linrec_backward_kernel, linrec_forward_kernel
+from .kernels import (linrec_backward_kernel, linrec_forward_kernel, linrec_rescan_backward_kernel,
+                      linrec_rescan_forward_kernel)
 from .layout import Layout, plan
 
 _ACCUMULATORS = {torch.float64: tl.float64}  # every other dtype accumulates in float32
@@ -100,6 +101,22 @@ class _Plan:
         """The kernels' size arguments: length, channels, rows, batch1, channel_blocks, segment_length."""
         layout = self.layout
         return layout.length, layout.channels, self.rows, layout.batch1, self.channel_blocks, self.segment_length
+
+    def rescan_grid(self) -> tuple[int]:
+        return (self.rows * self.channel_blocks,)
+
+    def rescan_sizes(self, cu_seqlens: torch.Tensor | None) -> tuple[int, ...]:
+        """The rescan kernels' size arguments: length, channels, batch1, channel_blocks, sequences."""
+        sequences = 1 if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        return self.layout.length, self.layout.channels, self.layout.batch1, self.channel_blocks, sequences
+
+    def flags(self, device: torch.device) -> torch.Tensor:
+        """Zeroed (rows, channels) flags, which the kernels set where a result is not finite."""
+        return torch.zeros((self.rows, self.layout.channels), dtype=torch.int32, device=device)
+
+    def rescan_constants(self) -> dict:
+        return dict(ACC=_ACCUMULATORS.get(self.accumulator_dtype, tl.float32), BLOCK_C=self.config.block_channels,
+                    num_warps=1)
 
     def constants(self) -> dict:
         return dict(ACC=_ACCUMULATORS.get(self.accumulator_dtype, tl.float32), INDEX_64=self.index_64,
@@ -205,11 +222,12 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
     plan = _plan(layout, inputs.dtype, inputs.device, block_length, block_channels)
     cu_seqlens_arg, sequence = _packing(cu_seqlens, layout.length, inputs)
     placeholder = inputs  # a pointer for the arguments a specialization does not read
+    flags = plan.flags(inputs.device)
 
     def run(carries=placeholder, products=placeholder, aggregate=False, carry_in=False):
         linrec_forward_kernel[plan.grid()](
             *planned, initial if initial is not None else placeholder, cu_seqlens_arg, sequence, carries, products,
-            *plan.sizes(), *layout.strides[0], *layout.strides[1], *layout.strides[2],
+            flags, *plan.sizes(), *layout.strides[0], *layout.strides[1], *layout.strides[2],
             *_initial_args(layout, initial, initial_sequence),
             REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
             AGGREGATE=aggregate, CARRY_IN=carry_in, **plan.constants(),
@@ -222,6 +240,13 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
             carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), reverse,
                                _initial_state(plan, initial, packed), inputs.device)
             run(carries, carry_in=True)
+        linrec_rescan_forward_kernel[plan.rescan_grid()](
+            *planned, initial if initial is not None else placeholder, cu_seqlens_arg, flags,
+            *plan.rescan_sizes(cu_seqlens), *layout.strides[0], *layout.strides[1], *layout.strides[2],
+            *_initial_args(layout, initial, initial_sequence),
+            REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
+            **plan.rescan_constants(),
+        )
     _copy_back(planned, tensors)
     return outputs
 
@@ -267,11 +292,12 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
     layout, planned = _planned(shape, dim, tensors, "rrrwk" if sum_over_time else "rrrww", initial_strides)
     cu_seqlens_arg, sequence = _packing(cu_seqlens, layout.length, d_outputs)
     placeholder = d_outputs  # a pointer for the arguments a specialization does not read
+    flags = plan.flags(d_outputs.device)
 
     def run(carries=placeholder, products=placeholder, aggregate=False, carry_in=False):
         linrec_backward_kernel[plan.grid()](
             *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, sequence, *planned[3:],
-            d_initial if initial is not None else placeholder, carries, products,
+            d_initial if initial is not None else placeholder, carries, products, flags,
             *plan.sizes(), sums.stride(0) if sum_over_time else 0,
             *layout.strides[0], *layout.strides[1], *layout.strides[2],
             *_initial_args(layout, initial, initial_sequence), *layout.strides[3], *layout.strides[4],
@@ -286,6 +312,14 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
             carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), not reverse,
                                None, d_outputs.device)
             run(carries, carry_in=True)
+        linrec_rescan_backward_kernel[plan.rescan_grid()](
+            *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, *planned[3:],
+            d_initial if initial is not None else placeholder, flags, *plan.rescan_sizes(cu_seqlens),
+            *layout.strides[0], *layout.strides[1], *layout.strides[2],
+            *_initial_args(layout, initial, initial_sequence), *layout.strides[3], *layout.strides[4],
+            REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
+            STORE_COEFFS=not sum_over_time, **plan.rescan_constants(),
+        )
     _copy_back(planned, tensors)
     if sums is not d_coeffs:
         per_element = sums.sum(0) if sum_over_time else sums  # summed over segments

@@ -1,0 +1,229 @@
+"""The recurrence's IEEE answer whatever the values: non-finite values, packed boundaries, single
+steps, isolation of rows and packed sequences. The reference is the sequential loop run in the
+kernels' compute dtype (float32 for the 16-bit types and float32, float64 for float64): it decides where
+results are NaN and +-Inf; finite results are compared with the float64 loop."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+import linrec
+from linrec.reference import compute_dtype
+from helpers import TOLERANCE, random_values, wide
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def loop(inputs, coeffs, dtype, *, leaves_dtype=None, **kwargs):
+    """The loop reference on the CPU in `dtype`, from the given (already rounded) values."""
+    cast = lambda t: None if t is None else t.detach().cpu().to(dtype)  # noqa: E731
+    kwargs = dict(kwargs)
+    if kwargs.get("initial") is not None:
+        kwargs["initial"] = cast(kwargs["initial"])
+    if kwargs.get("cu_seqlens") is not None:
+        kwargs["cu_seqlens"] = kwargs["cu_seqlens"].cpu()
+    return linrec.linrec(cast(inputs), cast(coeffs), backend="loop", **kwargs)
+
+
+def loop_gradients(d_outputs, inputs, coeffs, dtype, **kwargs):
+    """Autograd through the loop in `dtype`: the gradients of inputs, coeffs and initial (if given)."""
+    initial = kwargs.pop("initial", None)
+    leaves = [t.detach().cpu().to(dtype).requires_grad_() for t in (inputs, coeffs, initial) if t is not None]
+    cu_seqlens = kwargs.pop("cu_seqlens", None)
+    outputs = linrec.linrec(leaves[0], leaves[1], backend="loop", initial=leaves[2] if initial is not None else None,
+                            cu_seqlens=None if cu_seqlens is None else cu_seqlens.cpu(), **kwargs)
+    return torch.autograd.grad(outputs, leaves, d_outputs.detach().cpu().to(dtype), allow_unused=True,
+                               materialize_grads=True)
+
+
+def assert_recurrence(actual: torch.Tensor, pattern: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, what: str,
+                      scale: torch.Tensor | None = None, nan_for_inf: bool = False):
+    """`actual` is NaN exactly where `pattern` (the loop in the compute dtype, rounded to `dtype`) is, +-Inf
+    where it is +-Inf, and elsewhere within the dtype's tolerance of `exact` (the float64 loop), relative to
+    max |exact| or, for a sum of terms each rounded to the dtype, to the largest sum of |terms| (`scale`).
+    `nan_for_inf`: NaN is accepted where the loop has +-Inf (the GPU's summed coefficient gradients)."""
+    actual = actual.detach().cpu()
+    pattern = pattern.to(dtype).to(exact.dtype)
+    actual_wide = actual.to(exact.dtype)
+    if exact.is_complex():  # the real and imaginary parts, each a real result
+        actual_wide, pattern, exact = (torch.view_as_real(t.resolve_conj()) for t in (actual_wide, pattern, exact))
+        scale = None if scale is None else scale.unsqueeze(-1).expand(exact.shape)
+    if nan_for_inf:
+        actual_wide = torch.where(torch.isnan(actual_wide) & torch.isinf(pattern), pattern, actual_wide)
+    for name, test in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
+        mismatch = test(actual_wide) != test(pattern)
+        if mismatch.any():
+            where = mismatch.nonzero()[:5].tolist()
+            raise AssertionError(f"{what}: {name} differs from the loop at {mismatch.sum().item()} elements, "
+                                 f"e.g. {where}: got {[actual_wide[tuple(i)].item() for i in where]}, "
+                                 f"loop {[pattern[tuple(i)].item() for i in where]}")
+    finite = torch.isfinite(pattern) & torch.isfinite(exact)
+    if finite.any():
+        magnitudes = exact.abs() if scale is None else scale
+        scale = magnitudes[finite & torch.isfinite(magnitudes)].max().clamp_min(1e-30) if (finite & torch.isfinite(magnitudes)).any() else 1.0
+        error = ((actual_wide[finite] - exact[finite]).abs().max() / scale).item()
+        assert error <= 4 * TOLERANCE[dtype], f"{what}: max error / max |ref| = {error:.3g} ({dtype})"
+
+
+def check(inputs, coeffs, device, backend="auto", grad=True, **kwargs):
+    """Outputs and gradients of one call against the loop, NaN/Inf pattern and values."""
+    dtype = inputs.dtype
+    inputs, coeffs = inputs.to(device), coeffs.to(device)
+    kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    leaves = [t.detach().clone().requires_grad_(grad) for t in (inputs, coeffs, kwargs.get("initial")) if t is not None]
+    call = dict(kwargs, initial=leaves[2] if len(leaves) > 2 else None)
+    outputs = linrec.linrec(leaves[0], leaves[1], backend=backend, **call)
+    wide_dtype = torch.complex128 if dtype.is_complex else torch.float64
+    assert_recurrence(outputs, loop(inputs, coeffs, compute_dtype(dtype), **kwargs),
+                      loop(inputs, coeffs, wide_dtype, **kwargs), dtype, "outputs")
+    if not grad:
+        return outputs
+    d_outputs = random_values(inputs.shape, dtype, device)
+    grads = torch.autograd.grad(outputs, leaves, d_outputs, allow_unused=True, materialize_grads=True)
+    patterns = loop_gradients(d_outputs, inputs, coeffs, compute_dtype(dtype), **kwargs)
+    exacts = loop_gradients(d_outputs, inputs, coeffs, wide_dtype, **kwargs)
+    for name, actual, pattern, exact in zip(("d_inputs", "d_coeffs", "d_initial"), grads, patterns, exacts):
+        scale, summed_on_gpu = None, False
+        if name == "d_coeffs" and coeffs.shape != inputs.shape:  # a sum over the broadcast dims
+            terms = loop_gradients(d_outputs, inputs, coeffs.expand(inputs.shape), wide_dtype, **kwargs)[1]
+            scale = terms.abs().sum_to_size(coeffs.shape)
+            summed_on_gpu = backend == "triton" or device != "cpu"
+        assert_recurrence(actual, pattern, exact, dtype, name, scale, nan_for_inf=summed_on_gpu)
+    return outputs
+
+
+def uniform(shape, low, high, dtype=torch.float32):
+    return (low + (high - low) * torch.rand(shape, dtype=torch.float64)).to(dtype)
+
+
+@pytest.mark.parametrize("length", [50, 4097, 5000])
+@pytest.mark.parametrize("where", ["inputs", "coeffs"])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_infinity_stays(device, seed, length, where, value):
+    """An infinite input or coefficient keeps every later state infinite, with the loop's sign."""
+    inputs, coeffs = torch.randn(2, length), uniform((2, length), 0.5, 1.0)
+    (inputs if where == "inputs" else coeffs)[1, length // 3] = value
+    outputs = check(inputs, coeffs, device)
+    assert torch.isinf(outputs[1, length // 3:]).all()
+    assert torch.isfinite(outputs[0]).all() and torch.isfinite(outputs[1, :length // 3]).all()
+
+
+@pytest.mark.parametrize("shape", [(4, 50), (4, 4097), (4, 70000)])
+@pytest.mark.parametrize("where", ["inputs", "coeffs"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_nan_spreads_forward_only(device, seed, shape, where, reverse):
+    """A NaN makes every later step of its row NaN and changes no bit of any other output."""
+    inputs, coeffs = torch.randn(shape), uniform(shape, 0.5, 1.0)
+    clean = linrec.linrec(inputs.to(device), coeffs.to(device), reverse=reverse).cpu()
+    position = shape[1] // 2 + 1
+    (inputs if where == "inputs" else coeffs)[2, position] = float("nan")
+    outputs = check(inputs, coeffs, device, grad=shape[1] < 10000, reverse=reverse)
+    later = slice(0, position + 1) if reverse else slice(position, None)
+    earlier = slice(position + 1, None) if reverse else slice(0, position)
+    assert torch.isnan(outputs[2, later]).all()
+    assert torch.equal(outputs[2, earlier].cpu(), clean[2, earlier])
+    rows = [0, 1, 3]
+    assert torch.equal(outputs[rows].cpu(), clean[rows])
+
+
+@pytest.mark.parametrize("value", ["overflow", "nan", "inf"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_packed_sequences_are_isolated(device, seed, value, reverse):
+    """A sequence that overflows, or holds NaN or Inf, changes no bit of the other packed sequences'
+    outputs or gradients."""
+    cu_seqlens = torch.tensor([0, 10, 10, 300, 301, 1200])
+    inputs, coeffs = torch.randn(1, 1200, 3), uniform((1, 1200, 3), 0.5, 1.5)
+    initial = torch.randn(5, 3)
+
+    def run(inputs, coeffs):
+        leaves = [t.to(device).requires_grad_() for t in (inputs, coeffs, initial)]
+        outputs = linrec.linrec(*leaves[:2], dim=1, reverse=reverse, initial=leaves[2], cu_seqlens=cu_seqlens.to(device))
+        d_outputs = torch.linspace(-1, 1, 1200 * 3).reshape(1, 1200, 3).to(device)
+        return [outputs, *torch.autograd.grad(outputs, leaves, d_outputs)]
+
+    clean = run(inputs, coeffs)
+    inputs, coeffs = inputs.clone(), coeffs.clone()
+    if value == "overflow":
+        inputs[:, 10:300], coeffs[:, 10:300] = 1e3, 3.0
+    else:
+        inputs[:, 150, 1] = float(value)
+    dirty = run(inputs, coeffs)
+    for name, a, b in zip(("outputs", "d_inputs", "d_coeffs"), clean, dirty):
+        for part in (slice(0, 10), slice(300, 1200)):
+            assert torch.equal(a[:, part].cpu(), b[:, part].cpu()), f"{name} of another sequence changed"
+    d_initial_clean, d_initial_dirty = clean[3].cpu(), dirty[3].cpu()
+    assert torch.equal(d_initial_clean[[0, 1, 3, 4]], d_initial_dirty[[0, 1, 3, 4]])
+    assert not torch.isfinite(dirty[0][:, 10:300]).all()
+    check(inputs, coeffs, device, dim=1, reverse=reverse, initial=initial, cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.parametrize("coeffs_shape", [(10,), ()])
+def test_single_step_coefficient_gradient(device, seed, coeffs_shape):
+    """The EMA form at length 1: y = (1 - a) * x + a * x[0], whose gradient in a is exactly 0."""
+    x = torch.randn(3, 1, 10, dtype=torch.float64).float().to(device)
+    a = torch.rand(coeffs_shape).to(device).requires_grad_()
+    y = linrec.linrec((1 - a) * x, a, dim=1, initial=x[:, 0])
+    (d_a,) = torch.autograd.grad(y, a, torch.randn_like(y))
+    d_a64 = wide(d_a)
+    scale = x.abs().max().item() * 3
+    assert d_a64.abs().max().item() <= 1e-6 * scale, d_a
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 15, 16, 17, 127, 128, 129, 2047, 2048, 2049])
+@pytest.mark.parametrize("layout", ["time_last", "btc"])
+@pytest.mark.parametrize("coeffs_kind", ["full", "channel", "scalar", "row"])
+def test_gradients_at_every_length(device, seed, length, layout, coeffs_kind):
+    """Gradients at lengths 0, 1, 2 and around tile sizes, every coeffs shape, with initial."""
+    shape = (2, 6, length) if layout == "time_last" else (2, length, 6)
+    dim = -1 if layout == "time_last" else 1
+    channel_shape = (6, 1) if layout == "time_last" else (6,)
+    row_shape = (2, 1, length) if layout == "time_last" else (2, length, 1)
+    coeffs_shape = {"full": shape, "channel": channel_shape, "scalar": (), "row": row_shape}[coeffs_kind]
+    inputs, coeffs = torch.randn(shape), uniform(coeffs_shape, -1.0, 1.0)
+    initial = torch.randn(2, 6)
+    check(inputs, coeffs, device, dim=dim, initial=initial)
+    check(inputs, coeffs, device, dim=dim, reverse=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_exact_zero_and_one(device, seed, dtype):
+    """Coefficients exactly 0 (resets) and 1 (running sums), and infinite and NaN states around them."""
+    inputs = torch.randn(3, 300).to(dtype)
+    coeffs = torch.where(torch.rand(3, 300) < 0.5, 1.0, 0.0).to(dtype)
+    inputs[1, 100] = float("inf")
+    coeffs[2, 200] = float("nan")
+    check(inputs, coeffs, device)
+    check(inputs, coeffs, device, reverse=True)
+
+
+_TRITON = importlib.util.find_spec("triton") is not None
+_INTERPRETED = _TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+TRITON_DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs triton, on its interpreter (no GPU)")),
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not (_TRITON and torch.cuda.is_available() and not _INTERPRETED), reason="needs triton and a GPU")]),
+]
+
+
+@pytest.mark.parametrize("triton_device", TRITON_DEVICES)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_triton_follows_the_loop(triton_device, seed, reverse):
+    """The Triton kernels: infinity kept, NaN spread, resets that isolate packed sequences, split rows."""
+    length = 300
+    inputs, coeffs = torch.randn(3, length), uniform((3, length), 0.5, 1.0)
+    coeffs[0, 100] = float("inf")
+    inputs[1, 77] = float("-inf")
+    coeffs[2, 150] = float("nan")
+    check(inputs, coeffs, triton_device, backend="triton", reverse=reverse)
+    tiny = uniform((3, length), 1e-3, 2e-3)  # products underflow within a tile
+    check(inputs, tiny, triton_device, backend="triton", reverse=reverse)
+    cu_seqlens = torch.tensor([0, 10, 10, 120, 121, length])
+    packed_inputs, packed_coeffs = torch.randn(1, length, 4), uniform((1, length, 4), 0.5, 1.5)
+    packed_inputs[:, 10:120], packed_coeffs[:, 10:120] = 1e3, 3.0
+    outputs = check(packed_inputs, packed_coeffs, triton_device, backend="triton", dim=1, reverse=reverse,
+                    initial=torch.randn(5, 4), cu_seqlens=cu_seqlens)
+    assert torch.isfinite(outputs[:, 120:]).all() and torch.isfinite(outputs[:, :10]).all()
