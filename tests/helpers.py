@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 
+import pytest
 import torch
 
 import linrec
@@ -123,3 +126,14 @@ def strided_view(shape, dtype, device, kind, make=random_values):
     if kind == "sliced":  # every other element of the last dim, and an offset start
         return make((*shape[:-1], 2 * shape[-1] + 1), dtype, device)[..., 1::2]
     raise ValueError(kind)
+
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+_INTERPRETED = _HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+
+#: The devices the Triton kernels run on here: CPU tensors through Triton's interpreter (no GPU), or the GPU.
+TRITON_DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs triton, on its interpreter (no GPU)")),
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not (_HAS_TRITON and torch.cuda.is_available() and not _INTERPRETED), reason="needs triton and a GPU")]),
+]

@@ -22,7 +22,7 @@ from test_semantics import check
 
 _HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("ci", max_examples=40, deadline=None, print_blob=True, suppress_health_check=_HEALTH)
-settings.register_profile("gpu", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_HEALTH)
+settings.register_profile("gpu", max_examples=200, deadline=None, print_blob=True, suppress_health_check=_HEALTH)
 PROFILE = os.environ.get("LINREC_HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 #: Lengths drawn: up to a few tiles on the CPU; across the GPU's tiles (2048 float32 elements a chained

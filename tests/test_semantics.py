@@ -5,15 +5,12 @@ results are NaN and +-Inf; finite results are compared with the float64 loop."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
 import linrec
 from linrec.reference import compute_dtype
-from helpers import TOLERANCE, random_values, wide
+from helpers import TOLERANCE, TRITON_DEVICES, random_values, wide
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -200,15 +197,6 @@ def test_exact_zero_and_one(device, seed, dtype):
     check(inputs, coeffs, device, reverse=True)
 
 
-_TRITON = importlib.util.find_spec("triton") is not None
-_INTERPRETED = _TRITON and os.environ.get("TRITON_INTERPRET") == "1"
-TRITON_DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs triton, on its interpreter (no GPU)")),
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not (_TRITON and torch.cuda.is_available() and not _INTERPRETED), reason="needs triton and a GPU")]),
-]
-
-
 @pytest.mark.parametrize("triton_device", TRITON_DEVICES)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_triton_follows_the_loop(triton_device, seed, reverse):
@@ -227,3 +215,41 @@ def test_triton_follows_the_loop(triton_device, seed, reverse):
     outputs = check(packed_inputs, packed_coeffs, triton_device, backend="triton", dim=1, reverse=reverse,
                     initial=torch.randn(5, 4), cu_seqlens=cu_seqlens)
     assert torch.isfinite(outputs[:, 120:]).all() and torch.isfinite(outputs[:, :10]).all()
+
+
+@pytest.mark.parametrize("shape,dim", [((2, 1 << 20), -1), ((1, 1 << 17, 64), 1), ((64, 4099), -1)])
+def test_results_are_reproducible(device, seed, shape, dim):
+    """The same call gives the same bits every time, few long sequences chained across blocks included
+    (coefficients near 1: the look-back folds many chunks' maps), forward and backward."""
+    inputs, coeffs = torch.randn(shape, device=device), uniform(shape, 0.999, 1.0).to(device)
+    d_outputs = torch.randn(shape, device=device)
+    runs = []
+    for _ in range(4):
+        outputs = torch.ops.linrec.forward(inputs, coeffs, dim)
+        runs.append((outputs, *torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim)[:2]))
+    for run in runs[1:]:
+        for first, again in zip(runs[0], run):
+            assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("coeffs_shape", [(6,), (), (3, 1000, 1)])
+def test_deterministic_algorithms_sum_in_a_fixed_order(device, seed, coeffs_shape):
+    """Under torch.use_deterministic_algorithms(True), broadcast coefficients' gradient is the same bits
+    from run to run, and agrees with the default (atomic on the GPU) sum."""
+    inputs = torch.randn(3, 1000, 6, device=device)
+    coeffs = uniform(coeffs_shape, 0.5, 1.0).to(device).requires_grad_()
+    d_outputs = torch.randn_like(inputs)
+
+    def gradient():
+        outputs = linrec.linrec(inputs, coeffs, dim=1)
+        return torch.autograd.grad(outputs, coeffs, d_outputs)[0]
+
+    torch.use_deterministic_algorithms(False)
+    default = gradient()
+    torch.use_deterministic_algorithms(True)
+    try:
+        fixed = [gradient() for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    assert all(torch.equal(fixed[0], again) for again in fixed[1:])
+    assert torch.allclose(fixed[0], default, rtol=1e-4, atol=1e-3)

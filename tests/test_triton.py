@@ -18,18 +18,13 @@ from helpers import (
     reference,
     reference_gradients,
     strided_view,
+    TRITON_DEVICES,
 )
 
 import linrec
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _INTERPRETED = _HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
-
-TRITON_DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs triton, on its interpreter (no GPU)")),
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not (_HAS_TRITON and torch.cuda.is_available() and not _INTERPRETED), reason="needs triton and a GPU")]),
-]
 
 
 @pytest.fixture(params=TRITON_DEVICES)

@@ -15,7 +15,7 @@ mkdir -p "$out"
   sha256sum dist/linrec-*.whl
   python3 -m pip install --no-deps --force-reinstall dist/linrec-*.whl 2>&1 | tail -1
 } 2>&1 | tee "$out/env.txt"
-(cd /tmp && python3 -m pytest "$OLDPWD/tests" -q -rs -p no:cacheprovider 2>&1) | tee "$out/pytest.txt"
+(cd /tmp && LINREC_HYPOTHESIS_PROFILE=gpu python3 -m pytest "$OLDPWD/tests" -q -rs -p no:cacheprovider 2>&1) | tee "$out/pytest.txt"
 status=$?
 python3 -m linrec.bench --dtypes float32,bfloat16,float16 --out "$out" 2>&1 | tee "$out/bench.txt"
 if [ "${LINREC_SKIP_TUNE:-0}" = 0 ]; then

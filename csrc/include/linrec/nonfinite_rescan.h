@@ -101,8 +101,9 @@ __device__ inline BackwardParams unpaired(BackwardParams params) {
 }
 
 // Rescans the packed sequences of row `row` of params over T (a scalar type, or channel pairs of one)
-// that hold a non-finite result. Not inlined: the kernels call it only where a result is not finite,
-// and its registers are not theirs.
+// that hold a non-finite result. Not inlined, so that its registers are not the kernels'. The kernels'
+// params are __grid_constant__: passed by reference to a call, a plain kernel parameter would be
+// copied to local memory by every thread at the kernel's start.
 template <typename T, typename Params>
 __device__ __noinline__ void rescan_nonfinite(const Params& params, int64_t row) {
   if constexpr (is_channel_pair<T>::value) {

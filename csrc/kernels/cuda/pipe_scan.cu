@@ -376,7 +376,7 @@ struct PipeThread {
 
 template <typename T, typename PolicyT>
 __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_forward<T>(PolicyT::config))
-    pipe_forward_kernel(ForwardParams params) {
+    pipe_forward_kernel(const __grid_constant__ ForwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
   using Thread = PipeThread<T, Config, Config.reverse>;
   using Acc = typename Thread::Acc;
@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
 // The Summing variant sums d_coeffs into broadcast coeffs' shape (BackwardParams::sum_d_coeffs).
 template <typename T, typename PolicyT, Variant Kind>
 __global__ void __launch_bounds__(block_threads(PolicyT::config))
-    pipe_backward_kernel(BackwardParams params) {
+    pipe_backward_kernel(const __grid_constant__ BackwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
   constexpr bool kForwardReverse = Config.reverse;
   using Thread = PipeThread<T, Config, !kForwardReverse>;

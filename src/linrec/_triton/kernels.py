@@ -297,6 +297,18 @@ def _first_nonfinite(pointers, stride, begin, end, mask, REVERSE: tl.constexpr, 
 
 
 @triton.jit
+def _rescan_columns(flags_ptr, channels, batch1, channel_blocks, sequences, BLOCK_C: tl.constexpr):
+    """A rescan program's row (as its two batch indices), its BLOCK_C channel columns, which of them the
+    scan flagged, and the packed sequences it walks: all of them where a column is flagged, else none."""
+    program = tl.program_id(0)
+    row = program // channel_blocks
+    cols = (program % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    flagged = tl.load(flags_ptr + row * channels + cols, mask=cols < channels, other=0) != 0
+    scanned_sequences = tl.where(tl.max(flagged.to(tl.int32), axis=0) != 0, sequences, 0)
+    return row // batch1, row % batch1, cols, flagged, scanned_sequences
+
+
+@triton.jit
 def linrec_rescan_forward_kernel(
     inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, flags_ptr,
     length, channels, batch1, channel_blocks, sequences,
@@ -310,36 +322,31 @@ def linrec_rescan_forward_kernel(
     """The loop over the packed sequences (whole rows without packing) of the (row, channel) columns the
     forward kernel flagged whose outputs hold a non-finite value: the recurrence's IEEE answer, which the
     parallel scan's products of coefficients can miss (csrc/include/linrec/nonfinite_rescan.h says why),
-    stored from the first non-finite output on. A program takes a row and BLOCK_C channels, and does
-    nothing more where none is flagged."""
-    program = tl.program_id(0)
-    row = program // channel_blocks
-    b0, b1 = row // batch1, row % batch1
-    cols = (program % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
-    flagged = tl.load(flags_ptr + row * channels + cols, mask=cols < channels, other=0) != 0
-    if tl.max(flagged.to(tl.int32), axis=0) != 0:
-        inputs_ptr += b0 * inputs_b0 + b1 * inputs_b1 + cols * inputs_c
-        coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
-        outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
-        initial_ptr += b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
-        for sequence in range(0, sequences):
-            begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
-            first = _first_nonfinite(outputs_ptr, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C)
-            rescanned = flagged & (first < end - begin)
-            if tl.max(rescanned.to(tl.int32), axis=0) != 0:
-                state = tl.zeros([BLOCK_C], dtype=ACC)
-                if HAS_INITIAL:
-                    state = tl.load(initial_ptr + sequence * initial_sequence, mask=rescanned, other=0.0).to(ACC)
-                for n in range(0, end - begin):
-                    t = end - 1 - n if REVERSE else begin + n
-                    x = tl.load(inputs_ptr + t * inputs_l, mask=rescanned, other=0.0).to(ACC)
-                    c = _load_coeffs(coeffs_ptr + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
-                    if HAS_INITIAL:
-                        state = c * state + x
-                    else:
-                        state = tl.where(n == 0, x, c * state + x)
-                    tl.store(outputs_ptr + t * outputs_l, state.to(outputs_ptr.dtype.element_ty),
-                             mask=rescanned & (n >= first))
+    stored from the first non-finite output on. A program takes a row and BLOCK_C channels; where none
+    is flagged its loops have no steps."""
+    b0, b1, cols, flagged, scanned_sequences = _rescan_columns(flags_ptr, channels, batch1, channel_blocks, sequences,
+                                                                BLOCK_C)
+    inputs_row = inputs_ptr + b0 * inputs_b0 + b1 * inputs_b1 + cols * inputs_c
+    coeffs_row = coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
+    outputs_row = outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
+    initial_row = initial_ptr + b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
+    for sequence in range(0, scanned_sequences):
+        begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+        first = _first_nonfinite(outputs_row, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C)
+        rescanned = flagged & (first < end - begin)
+        steps = tl.where(tl.max(rescanned.to(tl.int32), axis=0) != 0, end - begin, 0)
+        state = tl.zeros([BLOCK_C], dtype=ACC)
+        if HAS_INITIAL:
+            state = tl.load(initial_row + sequence * initial_sequence, mask=rescanned, other=0.0).to(ACC)
+        for n in range(0, steps):
+            t = end - 1 - n if REVERSE else begin + n
+            x = tl.load(inputs_row + t * inputs_l, mask=rescanned, other=0.0).to(ACC)
+            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
+            if HAS_INITIAL:
+                state = c * state + x
+            else:
+                state = tl.where(n == 0, x, c * state + x)
+            tl.store(outputs_row + t * outputs_l, state.to(outputs_ptr.dtype.element_ty), mask=rescanned & (n >= first))
 
 
 @triton.jit
@@ -358,49 +365,44 @@ def linrec_rescan_backward_kernel(
     """The backward's loop over the flagged columns' sequences whose d_inputs hold a non-finite value:
     d_inputs, d_coeffs per element (STORE_COEFFS; a sum over time is left as the backward kernel made it)
     and d_initial, as linrec_rescan_forward_kernel rescans the forward."""
-    program = tl.program_id(0)
-    row = program // channel_blocks
-    b0, b1 = row // batch1, row % batch1
-    cols = (program % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
-    flagged = tl.load(flags_ptr + row * channels + cols, mask=cols < channels, other=0) != 0
-    if tl.max(flagged.to(tl.int32), axis=0) != 0:
-        d_outputs_ptr += b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols * d_outputs_c
-        coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
-        outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
-        initial_offset = b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
-        d_inputs_ptr += b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols * d_inputs_c
-        d_coeffs_ptr += b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols * d_coeffs_c
-        step = 1 if REVERSE else -1  # against the forward scan
-        for sequence in range(0, sequences):
-            begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
-            first = _first_nonfinite(d_inputs_ptr, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C)
-            rescanned = flagged & (first < end - begin)
-            if tl.max(rescanned.to(tl.int32), axis=0) != 0:
-                d_state = tl.zeros([BLOCK_C], dtype=ACC)
-                next_coeff = tl.zeros([BLOCK_C], dtype=ACC)
-                for n in range(0, end - begin):
-                    t = begin + n if REVERSE else end - 1 - n
-                    g = tl.load(d_outputs_ptr + t * d_outputs_l, mask=rescanned, other=0.0).to(ACC)
-                    d_state = next_coeff * d_state + g
-                    c = _load_coeffs(coeffs_ptr + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
-                    stored = rescanned & (n >= first)
-                    tl.store(d_inputs_ptr + t * d_inputs_l, d_state.to(d_inputs_ptr.dtype.element_ty), mask=stored)
-                    if STORE_COEFFS:
-                        has_previous = tl.zeros([BLOCK_C], dtype=tl.int32) + (n + 1) < end - begin
-                        previous = tl.load(outputs_ptr + (t + step) * outputs_l, mask=rescanned & has_previous,
-                                           other=0.0).to(ACC)
-                        if HAS_INITIAL:
-                            first_state = tl.load(initial_ptr + initial_offset + sequence * initial_sequence,
-                                                  mask=rescanned, other=0.0).to(ACC)
-                            previous = tl.where(has_previous, previous, first_state)
-                        d_coeff = d_state * previous
-                        if LOG_COEFFS:
-                            d_coeff = d_coeff * c
-                        if not HAS_INITIAL:
-                            d_coeff = tl.where(has_previous, d_coeff, tl.zeros_like(d_coeff))
-                        tl.store(d_coeffs_ptr + t * d_coeffs_l, d_coeff.to(d_coeffs_ptr.dtype.element_ty),
-                                 mask=stored)
-                    next_coeff = c
+    b0, b1, cols, flagged, scanned_sequences = _rescan_columns(flags_ptr, channels, batch1, channel_blocks, sequences,
+                                                                BLOCK_C)
+    d_outputs_row = d_outputs_ptr + b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols * d_outputs_c
+    coeffs_row = coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
+    outputs_row = outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
+    initial_offset = b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
+    d_inputs_row = d_inputs_ptr + b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols * d_inputs_c
+    d_coeffs_row = d_coeffs_ptr + b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols * d_coeffs_c
+    step = 1 if REVERSE else -1  # from a position to the one before it in the forward scan
+    for sequence in range(0, scanned_sequences):
+        begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+        first = _first_nonfinite(d_inputs_row, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C)
+        rescanned = flagged & (first < end - begin)
+        steps = tl.where(tl.max(rescanned.to(tl.int32), axis=0) != 0, end - begin, 0)
+        d_state = tl.zeros([BLOCK_C], dtype=ACC)
+        next_coeff = tl.zeros([BLOCK_C], dtype=ACC)
+        for n in range(0, steps):
+            t = begin + n if REVERSE else end - 1 - n
+            g = tl.load(d_outputs_row + t * d_outputs_l, mask=rescanned, other=0.0).to(ACC)
+            d_state = next_coeff * d_state + g
+            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
+            stored = rescanned & (n >= first)
+            tl.store(d_inputs_row + t * d_inputs_l, d_state.to(d_inputs_ptr.dtype.element_ty), mask=stored)
+            if STORE_COEFFS:
+                has_previous = tl.zeros([BLOCK_C], dtype=tl.int32) + (n + 1) < end - begin
+                previous = tl.load(outputs_row + (t + step) * outputs_l, mask=rescanned & has_previous,
+                                   other=0.0).to(ACC)
                 if HAS_INITIAL:
-                    tl.store(d_initial_ptr + initial_offset + sequence * initial_sequence,
-                             (next_coeff * d_state).to(d_initial_ptr.dtype.element_ty), mask=rescanned)
+                    first_state = tl.load(initial_ptr + initial_offset + sequence * initial_sequence,
+                                          mask=rescanned, other=0.0).to(ACC)
+                    previous = tl.where(has_previous, previous, first_state)
+                d_coeff = d_state * previous
+                if LOG_COEFFS:
+                    d_coeff = d_coeff * c
+                if not HAS_INITIAL:
+                    d_coeff = tl.where(has_previous, d_coeff, tl.zeros_like(d_coeff))
+                tl.store(d_coeffs_row + t * d_coeffs_l, d_coeff.to(d_coeffs_ptr.dtype.element_ty), mask=stored)
+            next_coeff = c
+        if HAS_INITIAL:
+            tl.store(d_initial_ptr + initial_offset + sequence * initial_sequence,
+                     (next_coeff * d_state).to(d_initial_ptr.dtype.element_ty), mask=rescanned)
