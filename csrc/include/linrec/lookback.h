@@ -95,28 +95,28 @@ struct ChainLayout {
 };
 
 // The prefix hook (TileScan::scan) of a chained scan. Every thread of the block calls it with its
-// sequence's tile total. The look-back is run by the first LookBackThreads threads of the block, each
-// of a sequence's threads polling WindowItems consecutive chunks, so that a window of kWindow chunks
-// costs one round trip to L2. One sequence a block (time-contiguous rows) looks back with its first
-// warp, a chunk a lane: the chunk before is rarely further, and the whole block's registers and
-// barriers measured slower (docs/design.md, Chained look-back). Strided time looks back with the
-// whole block, 32 chunks of each of 32 channels a window.
-//
-// The output before a chunk is the state of the nearest earlier chunk whose map is constant (an
-// inclusive output, or a coefficient of 0), carried through the maps of the chunks between them one
-// after another, as the chunks themselves publish their inclusive outputs. So every chunk's output is
-// the same fold of the same maps whichever of them it found published as inclusive: results are the
-// same bits from run to run.
-template <typename Acc, int Sequences, int WindowItems, int LookBackThreads>
+// sequence's tile total. The look-back is run by the first LookBackThreads threads of the block: a
+// WindowScan (a TileScan in chunk order) has each of a sequence's threads poll WindowItems
+// consecutive chunks and composes their maps in one scan, so a window of `window` chunks costs one
+// round trip to L2. An inclusive chunk's map is constant (coefficient 0) and annihilates the maps
+// before it; a sequence is done once its composed map is constant, at the latest at its first chunk.
+// A map made constant by products that underflow drops an earlier non-finite state, as a composition
+// with coefficient 0 does (numeric.h): such a sequence holds a non-finite result at the state's own
+// step, and is rescanned (nonfinite_rescan.h). The composition's order depends on which chunks had
+// published their inclusive output when a block looked, so its last bits may vary from run to run.
+// One sequence a block (time-contiguous rows) looks back with its first warp, 32 chunks a step: the
+// chunk before is rarely further, and the whole block's registers and barriers measured slower
+// (docs/design.md, Chained look-back). Strided time looks back with the whole block, 32 chunks of
+// each of 32 channels a step.
+template <typename Acc, int Sequences, typename WindowScan, int WindowItems, int LookBackThreads>
 struct ChainedPrefix {
   static constexpr bool kPacked = kPackedStatus<Acc>;
   static constexpr bool kWarpOnly = LookBackThreads == 32;
-  static constexpr int kWindow = LookBackThreads / Sequences * WindowItems;  // chunks a look-back step covers
   static_assert(!kWarpOnly || Sequences == 1, "a look-back by one warp serves one sequence");
 
   struct Storage {
-    Affine<Acc> maps[kWindow][Sequences];  // a window's maps, in chunk order
-    Acc carry[Sequences];                  // the look-back's result, for every thread of the sequence
+    typename WindowScan::template Storage<Acc> window;
+    Acc carry;  // kWarpOnly: the first warp's result, for the rest of the block
   };
 
   Storage& storage;
@@ -125,6 +125,7 @@ struct ChainedPrefix {
   const int64_t group, chunk;
   const int sequence;  // the thread's sequence within the group
   const int rank;      // the thread's rank among its sequence's look-back threads
+  const int window;    // chunks a look-back step covers
   const bool valid;    // whether the thread's sequence exists (the last group may be short)
 
   __device__ __forceinline__ int64_t slot(int64_t chunk_index) const {
@@ -146,9 +147,16 @@ struct ChainedPrefix {
     Acc carry = Acc(0);                          // the first chunk starts the sequence
     if (chunk > 0) {
       publish(publishes, kChunkAggregate, tile_total.coeff, tile_total.value);
-      if (threadIdx.x < LookBackThreads) look_back();
-      __syncthreads();
-      carry = storage.carry[sequence];
+      if constexpr (kWarpOnly) {
+        if (threadIdx.x < LookBackThreads) {
+          const Acc warp_carry = look_back();
+          if (threadIdx.x == 0) storage.carry = warp_carry;
+        }
+        __syncthreads();
+        carry = storage.carry;
+      } else {
+        carry = look_back();
+      }
     }
     publish(publishes, kChunkInclusive, Acc(0), advance(tile_total.coeff, carry, tile_total.value));
     return carry;
@@ -168,66 +176,38 @@ struct ChainedPrefix {
     }
   }
 
-  // Synchronizes the look-back threads.
-  __device__ __forceinline__ static void sync() {
-    if constexpr (kWarpOnly) __syncwarp();
-    else __syncthreads();
-  }
-
-  // Reads the maps of the window of chunks [end - kWindow, end) of this thread's sequence into
-  // storage.maps (the identity for chunks before the first).
-  __device__ __forceinline__ void read_window(int64_t end) const {
-    Acc coeff[WindowItems], value[WindowItems];
-    bool polls[WindowItems];
-    const int64_t first = end - kWindow + static_cast<int64_t>(rank) * WindowItems;
-    #pragma unroll
-    for (int i = 0; i < WindowItems; ++i) {
-      polls[i] = valid && first + i >= 0;
-      coeff[i] = Acc(1), value[i] = Acc(0);
-    }
-    poll(first, polls, coeff, value);
-    #pragma unroll
-    for (int i = 0; i < WindowItems; ++i) storage.maps[rank * WindowItems + i][sequence] = {coeff[i], value[i]};
-  }
-
-  // Stores the output before this chunk in storage.carry (the fold described above). Called by the
-  // look-back threads; the sequence's thread of rank 0 folds.
-  __device__ __forceinline__ void look_back() const {
-    const bool folds = rank == 0;
-    // Back, window after window, until every sequence has a constant map in the windows read.
-    bool found = !valid;
-    int64_t found_end = chunk;  // the window holding the sequence's nearest constant map
-    int64_t end = chunk;
-    for (;; end -= kWindow) {
-      read_window(end);
-      sync();
-      if (folds && !found) {
-        for (int k = 0; k < kWindow; ++k) found = found || is_zero(storage.maps[k][sequence].coeff);
-        found_end = end;
+  // The output before this chunk: the composition of the maps of the chunks before it, window after
+  // window towards the start, until it is constant. Called by the look-back threads.
+  __device__ __forceinline__ Acc look_back() const {
+    Affine<Acc> later{Acc(1), Acc(0)};  // the chunks composed so far, up to this one
+    bool done = !valid;
+    for (int64_t end = chunk;; end -= window) {
+      Acc coeff[WindowItems], value[WindowItems];
+      bool polls[WindowItems];
+      #pragma unroll
+      for (int i = 0; i < WindowItems; ++i) {
+        const int64_t polled = end - window + static_cast<int64_t>(rank) * WindowItems + i;
+        polls[i] = !done && polled >= 0;
+        coeff[i] = Acc(1), value[i] = Acc(0);  // the identity, for chunks before the first
       }
-      const bool searching = folds && !found;
-      bool more;
-      if constexpr (kWarpOnly) more = __any_sync(0xffffffffu, searching);
-      else more = __syncthreads_or(searching);
-      if (!more) break;
-      sync();  // the next window overwrites the maps
-    }
-    // Forward from that constant map to this chunk, window after window.
-    Acc state = Acc(0);
-    for (int64_t window_end = end; window_end <= chunk; window_end += kWindow) {
-      if (window_end != end) {
-        sync();
-        read_window(window_end);
-        sync();
+      poll(end - window + static_cast<int64_t>(rank) * WindowItems, polls, coeff, value);
+      Affine<Acc> window_map{Acc(1), Acc(0)};
+      const auto take_total = [&window_map](const Affine<Acc>& total) {
+        window_map = total;
+        return Acc(0);
+      };
+      WindowScan::scan(value, coeff, storage.window, take_total);
+      if (!done) {
+        later = then(window_map, later);
+        done = is_zero(later.coeff) || end - window <= 0;
       }
-      if (folds && window_end >= found_end) {
-        int k = 0;
-        if (window_end == found_end)
-          for (k = kWindow - 1; k > 0 && !is_zero(storage.maps[k][sequence].coeff); --k) {}
-        for (; k < kWindow; ++k) state = advance(storage.maps[k][sequence].coeff, state, storage.maps[k][sequence].value);
+      if constexpr (kWarpOnly) {
+        if (done) break;  // uniform: the warp serves one sequence
+      } else {
+        if (!__syncthreads_or(!done)) break;
       }
     }
-    if (folds) storage.carry[sequence] = state;
+    return later.value;  // a constant map: later.coeff is 0
   }
 
   // One read of chunk `k`'s status: false while it is pending, else true with its map (the

@@ -230,11 +230,13 @@ struct PipeThread {
   static constexpr int kSegmentWarps = Config.threads_per_sequence / kSegmentLanes;
   using Scan = TileScan<kSegmentLanes, kSegmentWarps, kItems, ScanReverse>;
   using IO = TileIO<T, Config.threads_per_sequence, block_threads(Config), kItems, Config.access>;
-  // The look-back's threads (lookback.h): the first warp, a chunk a lane, for time-contiguous rows;
-  // the block arranged like the tile, 4 chunks a thread, for strided time.
+  // The look-back's window scan (lookback.h): the first warp, a chunk a lane, for time-contiguous
+  // rows; the block arranged like the tile, 4 chunks a thread, for strided time.
   static constexpr int kWindowItems = kStrided ? 4 : 1;
   static constexpr int kLookBackThreads = kStrided ? block_threads(Config) : kWarp;
-  using Chain = ChainedPrefix<Acc, kChained ? kSequencesPerBlock : 1, kWindowItems, kLookBackThreads>;
+  using WindowScan = std::conditional_t<kStrided, TileScan<kSegmentLanes, kSegmentWarps, kWindowItems, false>,
+                                        TileScan<kWarp, 1, kWindowItems, false>>;
+  using Chain = ChainedPrefix<Acc, kChained ? kSequencesPerBlock : 1, WindowScan, kWindowItems, kLookBackThreads>;
   struct Storage {
     typename Scan::template Storage<Acc> scan;
     typename IO::Storage io;
@@ -291,7 +293,8 @@ struct PipeThread {
     if constexpr (kChained) {
       // Strided: the look-back threads are the tile's; rows: the first warp's lanes, a chunk each.
       return Chain{storage.chain, layout.workspace, {num_groups, num_tiles}, group, chunk, sequence_in_block,
-                   kStrided ? rank : static_cast<int>(threadIdx.x % kWarp), active};
+                   kStrided ? rank : static_cast<int>(threadIdx.x % kWarp),
+                   (kStrided ? Config.threads_per_sequence : kWarp) * kWindowItems, active};
     } else {
       return RunningPrefix<Acc>{};
     }
@@ -354,12 +357,17 @@ struct PipeThread {
       static_assert(kSequencesPerBlock <= 32, "a chained group's sequences are bits of one int");
       int* const counters = chain_layout(params).rescan_counters(params.workspace, group);
       if (nonfinite) atomicOr(counters + 1, 1 << sequence_in_block);
-      __threadfence();  // this thread's results, before its block counts as done
+      // The block's results, then its count: the barrier orders every thread's stores before the
+      // first thread's fence and count, as a grid-wide barrier does; the last block's fence after the
+      // count orders its reads after every block's results.
       __syncthreads();
-      if (threadIdx.x == 0) storage.last = atomicAdd(counters, 1) == num_tiles - 1;
+      if (threadIdx.x == 0) {
+        __threadfence();
+        storage.last = atomicAdd(counters, 1) == num_tiles - 1;
+        __threadfence();
+      }
       __syncthreads();
       if (!storage.last) return;
-      __threadfence();
       flagged = __ldcg(counters + 1) >> sequence_in_block & 1;
     } else {
       if (!__syncthreads_or(nonfinite)) return;
