@@ -155,4 +155,5 @@ def test_references_against_the_loop(device, problem):
     for backend in ("hop", "heinsen"):
         if backend == "heinsen" and (problem["log_coeffs"] or (coeffs == 0).any()):
             continue  # log space: zero coefficients are -inf logs, whose gradient is not the loop's
-        check(inputs, coeffs, device, backend=backend, **kwargs)
+        # Products composed in a tree (and logs) lose more than the loop's float64 rounding.
+        check(inputs, coeffs, device, backend=backend, tolerance_factor=1e3, **kwargs)

@@ -199,6 +199,13 @@ def _initial_args(layout: Layout, initial: torch.Tensor | None, initial_sequence
     return batch0, batch1, channels, initial_sequence
 
 
+def _rescans(flags: torch.Tensor) -> bool:
+    """Whether to launch a rescan kernel: on a GPU always (its programs return at once where nothing is
+    flagged, and reading the flags would wait for the GPU); on the interpreter only where a flag is set,
+    since each of its programs costs host time there."""
+    return not interpreted() or bool(flags.any())
+
+
 def _coeffs_vary_in_time(coeffs: torch.Tensor, shape: torch.Size, dim: int) -> bool:
     time_dim = dim - (len(shape) - coeffs.dim())  # coeffs broadcast from the right
     return time_dim >= 0 and coeffs.shape[time_dim] != 1
@@ -240,13 +247,14 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
             carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), reverse,
                                _initial_state(plan, initial, packed), inputs.device)
             run(carries, carry_in=True)
-        linrec_rescan_forward_kernel[plan.rescan_grid()](
-            *planned, initial if initial is not None else placeholder, cu_seqlens_arg, flags,
-            *plan.rescan_sizes(cu_seqlens), *layout.strides[0], *layout.strides[1], *layout.strides[2],
-            *_initial_args(layout, initial, initial_sequence),
-            REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
-            **plan.rescan_constants(),
-        )
+        if _rescans(flags):
+            linrec_rescan_forward_kernel[plan.rescan_grid()](
+                *planned, initial if initial is not None else placeholder, cu_seqlens_arg, flags,
+                *plan.rescan_sizes(cu_seqlens), *layout.strides[0], *layout.strides[1], *layout.strides[2],
+                *_initial_args(layout, initial, initial_sequence),
+                REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
+                **plan.rescan_constants(),
+            )
     _copy_back(planned, tensors)
     return outputs
 
@@ -312,14 +320,15 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
             carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), not reverse,
                                None, d_outputs.device)
             run(carries, carry_in=True)
-        linrec_rescan_backward_kernel[plan.rescan_grid()](
-            *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, *planned[3:],
-            d_initial if initial is not None else placeholder, flags, *plan.rescan_sizes(cu_seqlens),
-            *layout.strides[0], *layout.strides[1], *layout.strides[2],
-            *_initial_args(layout, initial, initial_sequence), *layout.strides[3], *layout.strides[4],
-            REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
-            STORE_COEFFS=not sum_over_time, **plan.rescan_constants(),
-        )
+        if _rescans(flags):
+            linrec_rescan_backward_kernel[plan.rescan_grid()](
+                *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, *planned[3:],
+                d_initial if initial is not None else placeholder, flags, *plan.rescan_sizes(cu_seqlens),
+                *layout.strides[0], *layout.strides[1], *layout.strides[2],
+                *_initial_args(layout, initial, initial_sequence), *layout.strides[3], *layout.strides[4],
+                REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
+                STORE_COEFFS=not sum_over_time, **plan.rescan_constants(),
+            )
     _copy_back(planned, tensors)
     if sums is not d_coeffs:
         per_element = sums.sum(0) if sum_over_time else sums  # summed over segments
