@@ -131,9 +131,11 @@ def strided_view(shape, dtype, device, kind, make=random_values):
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _INTERPRETED = _HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 
+#: Whether the Triton kernels run compiled on a GPU here.
+TRITON_ON_GPU = _HAS_TRITON and torch.cuda.is_available() and not _INTERPRETED
+
 #: The devices the Triton kernels run on here: CPU tensors through Triton's interpreter (no GPU), or the GPU.
 TRITON_DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs triton, on its interpreter (no GPU)")),
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not (_HAS_TRITON and torch.cuda.is_available() and not _INTERPRETED), reason="needs triton and a GPU")]),
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not TRITON_ON_GPU, reason="needs triton and a GPU")]),
 ]

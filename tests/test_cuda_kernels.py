@@ -273,8 +273,8 @@ def test_strided_time_chained_and_piped(seed, dtype, reverse):
 def test_chained_look_back_across_windows(seed, dtype, reverse):
     """Coefficients of magnitude near 1: no chunk's map is constant (with |c| < 1 at random, a chunk's
     product of coefficients underflows to 0, and the look-back stops at the chunk before), so the
-    look-back composes aggregates back through more than one 32-chunk window to the first chunk or an
-    inclusive one. Rows and strided time."""
+    look-back composes more than one window of chunks: a chunk's siblings and the maps of the windows
+    before (lookback.h). Rows and strided time."""
     row_tile, strided_tile = tile_length(CHAINED_TILE_SHAPE, dtype), strided_tile_length(dtype)
     for shape, dim in [((2, 33 * row_tile + 1), -1), ((2, 33 * row_tile + 8), -1), ((1, 33 * strided_tile + 1, 40), 1)]:
         inputs = random_values(shape, dtype, "cuda")
@@ -287,8 +287,8 @@ def test_chained_look_back_across_windows(seed, dtype, reverse):
 def test_chained_blocks_take_many_chunks(seed, dtype, reverse):
     """More chunks than chained blocks fit on the GPU at once (a few hundred on an H100): blocks that
     start as others finish, look-backs onto finished chunks; aligned rows (coalesced in float32 and
-    float64, vectorized in bfloat16) with a partial last chunk and whole-chunk rows. Coefficients
-    near 1, so that the look-back walks far."""
+    float64, vectorized in bfloat16) with a partial last chunk and whole-chunk rows; 2100 chunks make
+    three levels of maps (lookback.h). Coefficients near 1, so that the look-back climbs them all."""
     tile = tile_length(CHAINED_TILE_SHAPE, dtype)
     for shape in [(3, 700 * tile + 8), (1, 2100 * tile)]:
         inputs = random_values(shape, dtype, "cuda")

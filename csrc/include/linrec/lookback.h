@@ -1,18 +1,32 @@
 // Chained scans: sequences too few to fill the GPU are split into chunks (one tile each) scanned by
 // different blocks in a single pass. A block scans its tile, publishes the tile's map (aggregate),
-// looks back at the chunks before it until one has published its inclusive output (decoupled
-// look-back, Merrill & Garland 2016), publishes its own inclusive output and only then stores, so
-// every element is read and written once, as in the pipe.
+// looks back at the maps before it for the output before its chunk, and only then stores, so every
+// element is read and written once, as in the pipe.
 //
 // A block's chunk covers Sequences sequences at once (1 for time-contiguous rows, the 32 channels of
 // a warp for strided time). Chunk c of group g is block c * num_groups + g: a block waits only for
 // blocks of lower index, which the hardware starts first (CUB's single-pass scan relies on the same
 // order), so the chunks running at once are the same few of every group.
 //
-// A chunk's status for one sequence is a state and a map. Float accumulators (float32 and the 16-bit
-// types) keep both in one 16-byte word, written and read with single 16-byte accesses: a reader sees
-// a state and its values together, with one round trip and no fences. Wider accumulators keep a flag
-// per chunk apart from the values, ordered by release and acquire.
+// The look-back composes in a fixed order, so that results are the same bits from run to run, and in
+// a few round trips to L2 whatever the number of chunks. The maps form levels: level 0 holds the
+// chunks' maps; item j of level l + 1 is the map of the Window items Window * j .. Window * j + 1 of
+// level l, published by its last chunk. The output before chunk k composes, level by level from the
+// bottom, the items before k's own among its siblings (those with the same parent), each level's in one
+// WindowScan (a TileScan in item order). A look-back that stops at the first inclusive output it finds
+// (Merrill & Garland 2016) is as short, but associates the products by timing.
+//
+// A constant map (coefficient 0: a sequence start, or products underflowed to 0) annihilates the maps
+// before it bitwise (numeric.h): a look-back whose composition is constant stops climbing, and a look-back
+// by one warp stops waiting for the items before a constant one. With coefficients in [0, 1) a
+// 4096-element chunk's map is constant in float32, and the chunk before is all a block waits for. A
+// constant map drops an earlier non-finite state: the sequence then holds a non-finite result at the
+// state's own step, and is rescanned (nonfinite_rescan.h).
+//
+// An item's status for one sequence is its map with a state (pending or published). Float
+// accumulators keep both in one 16-byte word, written and read with single 16-byte accesses: a reader
+// sees a state and its values together, with one round trip and no fences. Wider accumulators keep a
+// flag per item apart from the values, ordered by release and acquire.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +37,7 @@
 
 namespace linrec {
 
-enum ChunkState : int { kChunkPending = 0, kChunkAggregate = 1, kChunkInclusive = 2 };
+enum ItemState : int { kItemPending = 0, kItemPublished = 1 };
 
 __device__ __forceinline__ int load_acquire(const int* flag) {
   int value;
@@ -42,30 +56,31 @@ __device__ __forceinline__ Acc load_published(const Acc* address) {
   else return __ldcg(address);
 }
 
-// The status of one sequence's chunk in one 16-byte word (float accumulators).
+// One sequence's item in one 16-byte word (float accumulators).
 struct alignas(16) PackedStatus {
   int state;
-  float coeff, value;  // the aggregate map; for an inclusive state, value is the inclusive output
-  int unused;
+  float coeff, value, error;
 };
 
 __device__ __forceinline__ PackedStatus load_status(const PackedStatus* address) {
   const int4 bits = __ldcg(reinterpret_cast<const int4*>(address));
-  return {bits.x, __int_as_float(bits.y), __int_as_float(bits.z), 0};
+  return {bits.x, __int_as_float(bits.y), __int_as_float(bits.z), __int_as_float(bits.w)};
 }
 
-__device__ __forceinline__ void store_status(PackedStatus* address, int state, float coeff, float value) {
-  __stcg(reinterpret_cast<int4*>(address), make_int4(state, __float_as_int(coeff), __float_as_int(value), 0));
+__device__ __forceinline__ void store_status(PackedStatus* address, const Affine<float>& map) {
+  __stcg(reinterpret_cast<int4*>(address), make_int4(kItemPublished, __float_as_int(map.coeff),
+                                                     __float_as_int(map.value), __float_as_int(map.error)));
 }
 
 template <typename Acc>
 constexpr bool kPackedStatus = std::is_same_v<Acc, float>;
 
-// Where the chunks' statuses live in the workspace (zeroed before the launch: every chunk pending).
-// A chained group has at most 32 sequences (a bit each in the rescan counters).
-// Packed: a PackedStatus per (group, chunk, sequence). Otherwise: a flag per (group, chunk), then per
-// (group, chunk, sequence) the aggregate map, then the inclusive output.
-template <typename Acc, int Sequences>
+// Where the items' statuses live in the workspace (zeroed before the launch: every item pending).
+// A group's items are its levels one after the other: num_chunks chunks, then their parents, up to the
+// first level of at most Window items (whose parent no chunk reads). A chained group has at most 32
+// sequences (a bit each in the rescan counters). Packed: a PackedStatus per (group, item, sequence).
+// Otherwise: a flag per (group, item), then the map per (group, item, sequence).
+template <typename Acc, int Sequences, int Window>
 struct ChainLayout {
   static constexpr int64_t kAlignment = 16;
 
@@ -74,15 +89,27 @@ struct ChainLayout {
   __host__ __device__ static constexpr int64_t aligned(int64_t bytes) {
     return (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
-  __host__ __device__ int64_t num_entries() const { return num_groups * num_chunks; }
+  __host__ __device__ int64_t num_blocks() const { return num_groups * num_chunks; }
+  // The first item of `level` within a group.
+  __host__ __device__ int64_t level_offset(int level) const {
+    int64_t offset = 0;
+    for (int64_t items = num_chunks; level > 0; --level, items = (items + Window - 1) / Window) offset += items;
+    return offset;
+  }
+  __host__ __device__ int64_t items_per_group() const {
+    int64_t total = num_chunks;
+    for (int64_t items = num_chunks; items > Window;) {
+      items = (items + Window - 1) / Window;
+      total += items;
+    }
+    return total;
+  }
+  __host__ __device__ int64_t num_entries() const { return num_groups * items_per_group(); }
   __host__ __device__ int64_t num_slots() const { return num_entries() * Sequences; }
   __host__ __device__ int64_t flags_bytes() const { return aligned(num_entries() * static_cast<int64_t>(sizeof(int))); }
-  __host__ __device__ int64_t aggregates_bytes() const {
-    return aligned(num_slots() * static_cast<int64_t>(sizeof(Affine<Acc>)));
-  }
   __host__ __device__ int64_t statuses_bytes() const {
     if constexpr (kPackedStatus<Acc>) return num_slots() * static_cast<int64_t>(sizeof(PackedStatus));
-    else return flags_bytes() + aggregates_bytes() + num_slots() * static_cast<int64_t>(sizeof(Acc));
+    else return flags_bytes() + num_slots() * static_cast<int64_t>(sizeof(Affine<Acc>));
   }
   // After the statuses, two counters per group for the rescan of non-finite results
   // (nonfinite_rescan.h): the chunks done, and a bit per sequence whose results hold a non-finite value.
@@ -95,24 +122,21 @@ struct ChainLayout {
 };
 
 // The prefix hook (TileScan::scan) of a chained scan. Every thread of the block calls it with its
-// sequence's tile total. The look-back is run by the first LookBackThreads threads of the block: a
-// WindowScan (a TileScan in chunk order) has each of a sequence's threads poll WindowItems
-// consecutive chunks and composes their maps in one scan, so a window of `window` chunks costs one
-// round trip to L2. An inclusive chunk's map is constant (coefficient 0) and annihilates the maps
-// before it; a sequence is done once its composed map is constant, at the latest at its first chunk.
-// A map made constant by products that underflow drops an earlier non-finite state, as a composition
-// with coefficient 0 does (numeric.h): such a sequence holds a non-finite result at the state's own
-// step, and is rescanned (nonfinite_rescan.h). The composition's order depends on which chunks had
-// published their inclusive output when a block looked, so its last bits may vary from run to run.
-// One sequence a block (time-contiguous rows) looks back with its first warp, 32 chunks a step: the
-// chunk before is rarely further, and the whole block's registers and barriers measured slower
-// (docs/design.md, Chained look-back). Strided time looks back with the whole block, 32 chunks of
-// each of 32 channels a step.
+// sequence's tile total. The look-back is run by the first LookBackThreads threads of the block, each
+// of a sequence's threads holding WindowItems consecutive items of a level: one sequence a block
+// (time-contiguous rows) looks back with its first warp, an item a lane (the whole block's registers
+// and barriers measured slower: docs/design.md, Chained look-back); strided time with the whole block,
+// 4 items a thread of each of 32 channels.
 template <typename Acc, int Sequences, typename WindowScan, int WindowItems, int LookBackThreads>
 struct ChainedPrefix {
   static constexpr bool kPacked = kPackedStatus<Acc>;
   static constexpr bool kWarpOnly = LookBackThreads == 32;
   static_assert(!kWarpOnly || Sequences == 1, "a look-back by one warp serves one sequence");
+  static constexpr int kWindow = LookBackThreads / Sequences * WindowItems;  // items a level's look-back covers
+  static constexpr bool kCompensated = WindowScan::kCompensated;
+  static_assert((kWindow & (kWindow - 1)) == 0, "levels are indexed by shifts");
+  static constexpr int kWindowBits = __builtin_ctz(kWindow);
+  using Layout = ChainLayout<Acc, Sequences, kWindow>;
 
   struct Storage {
     typename WindowScan::template Storage<Acc> window;
@@ -121,135 +145,147 @@ struct ChainedPrefix {
 
   Storage& storage;
   void* const workspace;
-  const ChainLayout<Acc, Sequences> layout;
+  const Layout layout;
   const int64_t group, chunk;
   const int sequence;  // the thread's sequence within the group
   const int rank;      // the thread's rank among its sequence's look-back threads
-  const int window;    // chunks a look-back step covers
   const bool valid;    // whether the thread's sequence exists (the last group may be short)
 
-  __device__ __forceinline__ int64_t slot(int64_t chunk_index) const {
-    return (group * layout.num_chunks + chunk_index) * Sequences + sequence;
+  __device__ __forceinline__ int64_t entry(int level, int64_t item) const {
+    return group * layout.items_per_group() + layout.level_offset(level) + item;
   }
-  __device__ __forceinline__ PackedStatus* statuses() const { return static_cast<PackedStatus*>(workspace); }
-  __device__ __forceinline__ int* flag(int64_t chunk_index) const {
-    return static_cast<int*>(workspace) + group * layout.num_chunks + chunk_index;
+  __device__ __forceinline__ int* flag(int64_t entry_index) const { return static_cast<int*>(workspace) + entry_index; }
+  __device__ __forceinline__ PackedStatus* status(int64_t entry_index) const {
+    return static_cast<PackedStatus*>(workspace) + entry_index * Sequences + sequence;
   }
-  __device__ __forceinline__ Affine<Acc>* aggregates() const {
-    return reinterpret_cast<Affine<Acc>*>(static_cast<char*>(workspace) + layout.flags_bytes());
-  }
-  __device__ __forceinline__ Acc* inclusive() const {
-    return reinterpret_cast<Acc*>(static_cast<char*>(workspace) + layout.flags_bytes() + layout.aggregates_bytes());
+  __device__ __forceinline__ Affine<Acc>* map(int64_t entry_index) const {
+    return reinterpret_cast<Affine<Acc>*>(static_cast<char*>(workspace) + layout.flags_bytes()) +
+           entry_index * Sequences + sequence;
   }
 
   __device__ __forceinline__ Acc operator()(const Affine<Acc>& tile_total) {
     const bool publishes = rank == 0 && valid;  // one thread per sequence
-    Acc carry = Acc(0);                          // the first chunk starts the sequence
-    if (chunk > 0) {
-      publish(publishes, kChunkAggregate, tile_total.coeff, tile_total.value);
-      if constexpr (kWarpOnly) {
-        if (threadIdx.x < LookBackThreads) {
-          const Acc warp_carry = look_back();
-          if (threadIdx.x == 0) storage.carry = warp_carry;
-        }
-        __syncthreads();
-        carry = storage.carry;
-      } else {
-        carry = look_back();
+    publish(publishes, entry(0, chunk), tile_total);
+    if constexpr (kWarpOnly) {
+      if (threadIdx.x < LookBackThreads) {
+        const Acc warp_carry = look_back(tile_total, publishes);
+        if (threadIdx.x == 0) storage.carry = warp_carry;
       }
+      __syncthreads();
+      return storage.carry;
+    } else {
+      return look_back(tile_total, publishes);
     }
-    publish(publishes, kChunkInclusive, Acc(0), advance(tile_total.coeff, carry, tile_total.value));
-    return carry;
   }
 
-  // Makes this chunk's aggregate or inclusive output visible to later chunks.
-  __device__ __forceinline__ void publish(bool publishes, int state, const Acc& coeff, const Acc& value) const {
+  // Makes an item's map visible to later chunks. A block-wide flag waits for every sequence's map; a
+  // look-back by one warp has one sequence, whose thread releases its own map.
+  __device__ __forceinline__ void publish(bool publishes, int64_t entry_index, const Affine<Acc>& item) const {
     if constexpr (kPacked) {
-      if (publishes) store_status(statuses() + slot(chunk), state, coeff, value);
-    } else {
+      if (publishes) store_status(status(entry_index), item);
+    } else if constexpr (kWarpOnly) {
       if (publishes) {
-        if (state == kChunkInclusive) inclusive()[slot(chunk)] = value;
-        else aggregates()[slot(chunk)] = {coeff, value};
+        *map(entry_index) = item;
+        store_release(flag(entry_index), kItemPublished);
       }
-      __syncthreads();  // every sequence's values, then one release of the group's flag
-      if (threadIdx.x == 0) store_release(flag(chunk), state);
-    }
-  }
-
-  // The output before this chunk: the composition of the maps of the chunks before it, window after
-  // window towards the start, until it is constant. Called by the look-back threads.
-  __device__ __forceinline__ Acc look_back() const {
-    Affine<Acc> later{Acc(1), Acc(0)};  // the chunks composed so far, up to this one
-    bool done = !valid;
-    for (int64_t end = chunk;; end -= window) {
-      Acc coeff[WindowItems], value[WindowItems];
-      bool polls[WindowItems];
-      #pragma unroll
-      for (int i = 0; i < WindowItems; ++i) {
-        const int64_t polled = end - window + static_cast<int64_t>(rank) * WindowItems + i;
-        polls[i] = !done && polled >= 0;
-        coeff[i] = Acc(1), value[i] = Acc(0);  // the identity, for chunks before the first
-      }
-      poll(end - window + static_cast<int64_t>(rank) * WindowItems, polls, coeff, value);
-      Affine<Acc> window_map{Acc(1), Acc(0)};
-      const auto take_total = [&window_map](const Affine<Acc>& total) {
-        window_map = total;
-        return Acc(0);
-      };
-      WindowScan::scan(value, coeff, storage.window, take_total);
-      if (!done) {
-        later = then(window_map, later);
-        done = is_zero(later.coeff) || end - window <= 0;
-      }
-      if constexpr (kWarpOnly) {
-        if (done) break;  // uniform: the warp serves one sequence
-      } else {
-        if (!__syncthreads_or(!done)) break;
-      }
-    }
-    return later.value;  // a constant map: later.coeff is 0
-  }
-
-  // One read of chunk `k`'s status: false while it is pending, else true with its map (the
-  // aggregate, or the constant map to the inclusive output).
-  __device__ __forceinline__ bool try_read(int64_t k, Acc& coeff, Acc& value) const {
-    if constexpr (kPacked) {
-      const PackedStatus status = load_status(statuses() + slot(k));
-      coeff = status.state == kChunkInclusive ? 0.0f : status.coeff;
-      value = status.value;
-      return status.state != kChunkPending;
     } else {
-      const int state = load_acquire(flag(k));
-      if (state == kChunkInclusive) {
-        coeff = Acc(0);
-        value = load_published(inclusive() + slot(k));
-      } else if (state == kChunkAggregate) {
-        coeff = load_published(&aggregates()[slot(k)].coeff);
-        value = load_published(&aggregates()[slot(k)].value);
-      }
-      return state != kChunkPending;
+      if (publishes) *map(entry_index) = item;
+      __syncthreads();
+      if (threadIdx.x == 0) store_release(flag(entry_index), kItemPublished);
     }
   }
 
-  // Reads the maps of chunks first .. first + WindowItems - 1 of the thread's sequence (those `polls`
+  // Whether any look-back thread's `condition` holds: the decisions that lead to a WindowScan (which
+  // synchronizes the block) or a block-wide publish are the whole block's.
+  __device__ __forceinline__ static bool any(bool condition) {
+    if constexpr (kWarpOnly) return __any_sync(0xffffffffu, condition);
+    else return __syncthreads_or(condition);
+  }
+
+  // The output before this chunk; on the way, the maps of the groups this chunk is the last of.
+  // Called by the look-back threads.
+  __device__ __forceinline__ Acc look_back(const Affine<Acc>& tile_total, bool publishes) const {
+    Affine<Acc> before = identity_map<Acc>();  // the items composed so far, up to this chunk
+    Affine<Acc> own = tile_total;              // the map of this chunk's group at `level`, if it ends it
+    for (int level = 0;; ++level) {
+      const int shift = level * kWindowBits;            // a `level` item covers 2^shift chunks
+      const int64_t index = chunk >> shift;             // this chunk's item at `level`
+      const int64_t first = index >> kWindowBits << kWindowBits;  // its first sibling
+      // The parent's map is this chunk's to publish where it ends the parent, and a later chunk reads it.
+      const int64_t parent_chunks = int64_t(1) << (shift + kWindowBits);
+      const bool ends_parent = ((chunk + 1) & (parent_chunks - 1)) == 0 && chunk + 1 < layout.num_chunks;
+      const bool wants_before = valid && index > 0 && !is_zero(before.coeff);
+      const bool wants_parent = valid && ends_parent && !is_zero(own.coeff);
+      if (!any(wants_before || ends_parent)) break;
+      Affine<Acc> siblings = identity_map<Acc>();
+      if (any(wants_before || wants_parent)) siblings = compose(level, first, index, wants_before || wants_parent);
+      if (wants_before) before = then<kCompensated>(siblings, before);
+      if (ends_parent) {
+        if (wants_parent) own = then<kCompensated>(siblings, own);
+        publish(publishes, entry(level + 1, index >> kWindowBits), own);
+      }
+    }
+    return before.value;  // the state before the sequence is 0
+  }
+
+  // The composition of items [first, end) of `level` (end - first < kWindow), by all look-back threads
+  // (`reads`: whether this thread's sequence needs them; else it composes the identity).
+  __device__ __forceinline__ Affine<Acc> compose(int level, int64_t first, int64_t end, bool reads) const {
+    const int64_t mine = first + static_cast<int64_t>(rank) * WindowItems;  // this thread's first item
+    const int64_t base = entry(level, 0);
+    Affine<Acc> maps[WindowItems];
+    bool polls[WindowItems];
+    #pragma unroll
+    for (int i = 0; i < WindowItems; ++i) {
+      polls[i] = reads && mine + i < end;
+      maps[i] = identity_map<Acc>();
+    }
+    poll(base + mine, polls, maps);
+    Acc coeff[WindowItems], value[WindowItems], error[WindowItems];
+    #pragma unroll
+    for (int i = 0; i < WindowItems; ++i) coeff[i] = maps[i].coeff, value[i] = maps[i].value, error[i] = maps[i].error;
+    Affine<Acc> composed;
+    const auto take_total = [&composed](const Affine<Acc>& total) {
+      composed = total;
+      return Acc(0);
+    };
+    WindowScan::template scan<true>(value, coeff, error, storage.window, take_total);
+    return composed;
+  }
+
+  // One read of an item's status: false while it is pending, else true with its map.
+  __device__ __forceinline__ bool try_read(int64_t entry_index, Affine<Acc>& item) const {
+    if constexpr (kPacked) {
+      const PackedStatus word = load_status(status(entry_index));
+      item = {word.coeff, word.value, word.error};
+      return word.state != kItemPending;
+    } else {
+      if (load_acquire(flag(entry_index)) == kItemPending) return false;
+      const Affine<Acc>& published = *map(entry_index);
+      item = {load_published(&published.coeff), load_published(&published.value),
+              kCompensated ? load_published(&published.error) : Acc(0)};
+      return true;
+    }
+  }
+
+  // Reads the maps of entries first .. first + WindowItems - 1 of the thread's sequence (those `polls`
   // marks; the others keep the identity), waiting for those still pending: all are read at once, and
   // the pending ones again, together, round after round (a round trip to L2 a round). A look-back by
-  // one warp (a chunk a lane) waits only for the chunks after the last constant map it has read: the
-  // ones before are annihilated by it, and their blocks may still be loading (with coefficients in
-  // [0, 1) a 4096-element chunk's map is constant in float32, and the chunk before is all it needs).
-  __device__ __forceinline__ void poll(int64_t first, const bool (&polls)[WindowItems], Acc (&coeff)[WindowItems],
-                                       Acc (&value)[WindowItems]) const {
-    static_assert(!kWarpOnly || WindowItems == 1, "a look-back by one warp reads a chunk a lane");
+  // one warp (an item a lane) waits only for the items after the last constant map it has read: the
+  // ones before are annihilated by it, and their blocks may still be loading.
+  __device__ __forceinline__ void poll(int64_t first, const bool (&polls)[WindowItems],
+                                       Affine<Acc> (&maps)[WindowItems]) const {
+    static_assert(!kWarpOnly || WindowItems == 1, "a look-back by one warp reads an item a lane");
     bool pending[WindowItems];
     #pragma unroll
-    for (int i = 0; i < WindowItems; ++i) pending[i] = polls[i] && !try_read(first + i, coeff[i], value[i]);
+    for (int i = 0; i < WindowItems; ++i) pending[i] = polls[i] && !try_read(first + i, maps[i]);
     for (;;) {
       bool waits = false;
       if constexpr (kWarpOnly) {
-        const unsigned constant = __ballot_sync(0xffffffffu, polls[0] && !pending[0] && is_zero(coeff[0]));
-        if (static_cast<uint64_t>(constant) >> (rank + 1) != 0) {  // a later chunk's map is constant
+        const unsigned constant = __ballot_sync(0xffffffffu, polls[0] && !pending[0] && is_zero(maps[0].coeff));
+        if (static_cast<uint64_t>(constant) >> (rank + 1) != 0) {  // a later item's map is constant
           pending[0] = false;
-          coeff[0] = Acc(1), value[0] = Acc(0);
+          maps[0] = identity_map<Acc>();
         }
         waits = __any_sync(0xffffffffu, pending[0]);
       } else {
@@ -260,7 +296,7 @@ struct ChainedPrefix {
       __nanosleep(32);
       #pragma unroll
       for (int i = 0; i < WindowItems; ++i)
-        if (pending[i]) pending[i] = !try_read(first + i, coeff[i], value[i]);
+        if (pending[i]) pending[i] = !try_read(first + i, maps[i]);
     }
   }
 };

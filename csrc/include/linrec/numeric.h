@@ -117,6 +117,36 @@ LINREC_HOST_DEVICE Acc advance(const Acc& coeff, const Acc& state, const Acc& va
   }
 }
 
+// Whether the parallel scans of element type T carry the rounding error of their products of
+// coefficients (block_scan.h): float32. A decay near 1 repeated step after step (an EMA's) makes every
+// thread's and every tile's product the same value, rounded the same way, so that the error of a carry
+// compounds along the sequence as if the decay were off by it. 16-bit outputs round far above that
+// error (their decays more so: bfloat16 stores 0.999 as 1), and float64 keeps enough bits.
+template <typename T>
+constexpr bool kCompensated = std::is_same_v<T, float>;
+
+// The error of the product of two float coefficients known as value + error each (`product` the
+// rounded product of the values): the two-product's rounding by a fused multiply-add (Dekker 1971)
+// plus the first-order terms of the errors. 0 where the product is 0 (a reset, or an underflow: a
+// constant map). A non-finite product has a NaN error; the results it reaches are non-finite either
+// way, and rescanned.
+LINREC_HOST_DEVICE float product_error(float later, float later_error, float earlier, float earlier_error,
+                                       float product) {
+  if (product == 0.0f) return 0.0f;
+  return fmaf(later, earlier_error, fmaf(later_error, earlier, fmaf(later, earlier, -product)));
+}
+
+// product_error() of an exact later coefficient (one step's).
+LINREC_HOST_DEVICE float product_error(float later, float earlier, float earlier_error, float product) {
+  if (product == 0.0f) return 0.0f;
+  return fmaf(later, earlier_error, fmaf(later, earlier, -product));
+}
+
+// advance() with a coefficient known as coeff + error.
+LINREC_HOST_DEVICE float advance(float coeff, float error, float state, float value) {
+  return coeff == 0.0f ? value : fmaf(coeff, state, fmaf(error, state, value));
+}
+
 // The coefficient of two steps, `later` applied after `earlier`: their product, or the later one where
 // it is zero (a reset stays a reset whatever came before it, Inf and NaN included).
 template <typename Acc>

@@ -228,14 +228,14 @@ struct PipeThread {
   static constexpr int kSegmentLanes =
       kStrided ? 1 : (Config.threads_per_sequence < kWarp ? Config.threads_per_sequence : kWarp);
   static constexpr int kSegmentWarps = Config.threads_per_sequence / kSegmentLanes;
-  using Scan = TileScan<kSegmentLanes, kSegmentWarps, kItems, ScanReverse>;
+  using Scan = TileScan<kSegmentLanes, kSegmentWarps, kItems, ScanReverse, kCompensated<T>>;
   using IO = TileIO<T, Config.threads_per_sequence, block_threads(Config), kItems, Config.access>;
   // The look-back's window scan (lookback.h): the first warp, a chunk a lane, for time-contiguous
   // rows; the block arranged like the tile, 4 chunks a thread, for strided time.
   static constexpr int kWindowItems = kStrided ? 4 : 1;
   static constexpr int kLookBackThreads = kStrided ? block_threads(Config) : kWarp;
-  using WindowScan = std::conditional_t<kStrided, TileScan<kSegmentLanes, kSegmentWarps, kWindowItems, false>,
-                                        TileScan<kWarp, 1, kWindowItems, false>>;
+  using WindowScan = std::conditional_t<kStrided, TileScan<kSegmentLanes, kSegmentWarps, kWindowItems, false, kCompensated<T>>,
+                                        TileScan<kWarp, 1, kWindowItems, false, kCompensated<T>>>;
   using Chain = ChainedPrefix<Acc, kChained ? kSequencesPerBlock : 1, WindowScan, kWindowItems, kLookBackThreads>;
   struct Storage {
     typename Scan::template Storage<Acc> scan;
@@ -280,7 +280,7 @@ struct PipeThread {
     return group * kSequencesPerBlock + (kStrided ? threadIdx.x % kWarp : threadIdx.x / Config.threads_per_sequence);
   }
 
-  __host__ __device__ static ChainLayout<Acc, kSequencesPerBlock> chain_layout(const SequenceLayout& layout) {
+  __host__ __device__ static typename Chain::Layout chain_layout(const SequenceLayout& layout) {
     return {(layout.num_rows() + kSequencesPerBlock - 1) / kSequencesPerBlock, (layout.seq_len + kTile - 1) / kTile};
   }
 
@@ -293,10 +293,9 @@ struct PipeThread {
     if constexpr (kChained) {
       // Strided: the look-back threads are the tile's; rows: the first warp's lanes, a chunk each.
       return Chain{storage.chain, layout.workspace, {num_groups, num_tiles}, group, chunk, sequence_in_block,
-                   kStrided ? rank : static_cast<int>(threadIdx.x % kWarp),
-                   (kStrided ? Config.threads_per_sequence : kWarp) * kWindowItems, active};
+                   kStrided ? rank : static_cast<int>(threadIdx.x % kWarp), active};
     } else {
-      return RunningPrefix<Acc>{};
+      return RunningPrefix<Acc, kCompensated<T>>{};
     }
   }
 
@@ -721,7 +720,7 @@ void dispatch_call(const Params& params, Body&& body) {
 template <typename T, PipeConfig Config>
 dim3 grid_for(const SequenceLayout& layout) {
   const auto chain = PipeThread<T, Config, false>::chain_layout(layout);
-  return dim3(static_cast<unsigned>(Config.schedule == Schedule::Chained ? chain.num_entries() : chain.num_groups));
+  return dim3(static_cast<unsigned>(Config.schedule == Schedule::Chained ? chain.num_blocks() : chain.num_groups));
 }
 
 template <typename Params>

@@ -17,8 +17,9 @@ before it has no effect (and an infinite or NaN first coefficient none either).
 
 Few long rows split the time dim into segments of ``segment_length``, one program each, in three
 launches (launch.py): the kernel with ``AGGREGATE`` stores each segment's composed map instead of
-outputs (the product of its coefficients and its state from a zero carry, into ``products`` and
-``carries``), a scan over the segments turns those into the state entering each segment, and the
+outputs (the product of its coefficients, with its rounding error, in float64, and its state from a zero
+carry, into ``products`` and ``carries``), a scan over the segments in float64 turns those into the state
+entering each segment, and the
 kernel with ``CARRY_IN`` scans each segment from that state. Segment, row and channel block are one
 program id; a call that is not split has one segment.
 """
@@ -30,17 +31,47 @@ import triton.language as tl
 
 
 @triton.jit
-def _advance(coeff, state, value):
-    """``coeff * state + value``, where a coefficient of exactly 0 (a sequence's start) drops the state
-    rather than multiplying it, so that an infinite or NaN state does not cross a reset."""
-    return tl.where(coeff == 0, value, coeff * state + value)
+def _advance(coeff, error, state, value):
+    """``(coeff + error) * state + value``, ``error`` the rounding error of ``coeff`` (a product of
+    coefficients), where a coefficient of exactly 0 (a sequence's start) drops the state rather than
+    multiplying it, so that an infinite or NaN state does not cross a reset."""
+    return tl.where(coeff == 0, value, tl.fma(coeff, state, tl.fma(error, state, value)))
+
+
+@triton.jit
+def _times(coeff_later, error_later, coeff_earlier, error_earlier):
+    """The product of two coefficients known as coeff + error each, and its error: the two-product's
+    rounding by a fused multiply-add plus the first-order terms (0 where the product is 0). Carried in
+    float32 (COMPENSATED) so that a decay near 1 repeated along a row does not compound one rounding from
+    step to step of the tree and from chunk to chunk (as in the CUDA kernels: csrc/include/linrec/
+    block_scan.h, numeric.h); 16-bit outputs round far above that error."""
+    product = tl.where(coeff_later == 0, coeff_later, coeff_later * coeff_earlier)
+    error = tl.fma(coeff_later, error_earlier, tl.fma(error_later, coeff_earlier,
+                                                      tl.fma(coeff_later, coeff_earlier, -product)))
+    return product, tl.where(product == 0, tl.zeros_like(error), error)
 
 
 @triton.jit
 def _compose(coeff_earlier, input_earlier, coeff_later, input_later):
     # y -> c1*y + x1 followed by y -> c2*y + x2 is y -> (c2*c1)*y + (c2*x1 + x2); c2 = 0 is constant.
     return tl.where(coeff_later == 0, coeff_later, coeff_later * coeff_earlier), \
-        _advance(coeff_later, input_earlier, input_later)
+        tl.where(coeff_later == 0, input_later, coeff_later * input_earlier + input_later)
+
+
+@triton.jit
+def _compose_compensated(coeff_earlier, input_earlier, error_earlier, coeff_later, input_later, error_later):
+    product, error = _times(coeff_later, error_later, coeff_earlier, error_earlier)
+    return product, _advance(coeff_later, error_later, input_earlier, input_later), error
+
+
+@triton.jit
+def _scan(coeffs, values, REVERSE: tl.constexpr, COMPENSATED: tl.constexpr):
+    """The inclusive scan of a tile's maps along axis 0: coefficients, values and the coefficients'
+    rounding errors (zero unless COMPENSATED)."""
+    if COMPENSATED:
+        return tl.associative_scan((coeffs, values, tl.zeros_like(coeffs)), 0, _compose_compensated, reverse=REVERSE)
+    scanned_coeffs, scanned_values = tl.associative_scan((coeffs, values), 0, _compose, reverse=REVERSE)
+    return scanned_coeffs, scanned_values, tl.zeros_like(scanned_coeffs)
 
 
 @triton.jit
@@ -116,7 +147,7 @@ def linrec_forward_kernel(
     initial_b0, initial_b1, initial_c, initial_sequence,
     REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
     AGGREGATE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr, INDEX_64: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+    COMPENSATED: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     _, b0, b1, cols, segment_start, segment_end, state_offset = _program_tile(
         channels, rows, batch1, channel_blocks, segment_length, length, BLOCK_C, INDEX_64)
@@ -130,8 +161,9 @@ def linrec_forward_kernel(
     # (a split call's carries hold it for the first segment, and its aggregates apply it later).
     carry = tl.zeros([BLOCK_C], dtype=ACC)
     product = tl.full([BLOCK_C], 1.0, dtype=ACC)
+    product_error = tl.zeros([BLOCK_C], dtype=ACC)
     if CARRY_IN:
-        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0)
+        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0).to(ACC)
     elif HAS_INITIAL and not PACKED and not AGGREGATE:
         carry = tl.sum(tl.load(initial_ptr, mask=col_valid[None, :], other=0.0).to(ACC), axis=0)
     chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
@@ -151,21 +183,22 @@ def linrec_forward_kernel(
             inputs = tl.where(first, inputs + coeffs * initial.to(ACC), inputs)
         if PACKED or not HAS_INITIAL:
             coeffs = tl.where(first, tl.zeros_like(coeffs), coeffs)
-        scanned_coeffs, scanned_inputs = tl.associative_scan((coeffs, inputs), 0, _compose, reverse=REVERSE)
-        outputs = _advance(scanned_coeffs, carry[None, :], scanned_inputs)
+        scanned_coeffs, scanned_inputs, scanned_errors = _scan(coeffs, inputs, REVERSE, COMPENSATED)
+        outputs = _advance(scanned_coeffs, scanned_errors, carry[None, :], scanned_inputs)
         if not AGGREGATE:
             tl.store(outputs_ptr + positions[:, None] * outputs_l, outputs.to(outputs_ptr.dtype.element_ty),
                      mask=mask)
         # Positions past the end read the identity, so the tile's last row in scan order is the state.
         carry = _row_at(outputs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
         if AGGREGATE:
-            last_coeffs = _row_at(scanned_coeffs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
-            product = tl.where(last_coeffs == 0, last_coeffs, last_coeffs * product)
+            last = 0 if REVERSE else BLOCK_L - 1
+            product, product_error = _times(_row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L),
+                                            product, product_error)
         else:
             _flag_nonfinite(outputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
     if AGGREGATE:
         tl.store(carries_ptr + state_offset, carry, mask=col_valid)
-        tl.store(products_ptr + state_offset, product, mask=col_valid)
+        tl.store(products_ptr + state_offset, product.to(tl.float64) + product_error.to(tl.float64), mask=col_valid)
 
 
 @triton.jit
@@ -181,7 +214,7 @@ def linrec_backward_kernel(
     d_coeffs_b0, d_coeffs_b1, d_coeffs_l, d_coeffs_c,
     REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
     SUM_COEFFS_OVER_TIME: tl.constexpr, AGGREGATE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
-    INDEX_64: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """d_initial has initial's strides. With SUM_COEFFS_OVER_TIME (coeffs broadcast along time) each
     program sums d_coeffs over its segment and stores one (BLOCK_C,) row at time position 0, segments
@@ -201,8 +234,9 @@ def linrec_backward_kernel(
     step_along = -1 if REVERSE else 1  # from a position to the next one of the recurrence
     carry = tl.zeros([BLOCK_C], dtype=ACC)  # d_inputs at the next position, entering the chunk
     if CARRY_IN:
-        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0)
+        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0).to(ACC)
     product = tl.full([BLOCK_C], 1.0, dtype=ACC)
+    product_error = tl.zeros([BLOCK_C], dtype=ACC)
     d_coeffs_sum = tl.zeros([BLOCK_C], dtype=ACC)
     chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
     for step in range(0, chunks):
@@ -224,13 +258,13 @@ def linrec_backward_kernel(
         following_coeffs = _load_coeffs(coeffs_ptr + following[:, None] * coeffs_l, following_mask, ACC, LOG_COEFFS)
         following_coeffs = tl.where(following_mask, following_coeffs, tl.zeros_like(following_coeffs))
         d_outputs = tl.load(d_outputs_ptr + positions[:, None] * d_outputs_l, mask=mask, other=0.0).to(ACC)
-        scanned_coeffs, scanned = tl.associative_scan((following_coeffs, d_outputs), 0, _compose,
-                                                      reverse=not REVERSE)
-        d_inputs = _advance(scanned_coeffs, carry[None, :], scanned)
+        scanned_coeffs, scanned, scanned_errors = _scan(following_coeffs, d_outputs, not REVERSE, COMPENSATED)
+        d_inputs = _advance(scanned_coeffs, scanned_errors, carry[None, :], scanned)
         carry = _row_at(d_inputs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
         if AGGREGATE:
-            last_coeffs = _row_at(scanned_coeffs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
-            product = tl.where(last_coeffs == 0, last_coeffs, last_coeffs * product)
+            last = BLOCK_L - 1 if REVERSE else 0
+            product, product_error = _times(_row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L),
+                                            product, product_error)
         else:
             _flag_nonfinite(d_inputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
             tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),
@@ -245,7 +279,7 @@ def linrec_backward_kernel(
                          mask=mask)
     if AGGREGATE:
         tl.store(carries_ptr + state_offset, carry, mask=col_valid)
-        tl.store(products_ptr + state_offset, product, mask=col_valid)
+        tl.store(products_ptr + state_offset, product.to(tl.float64) + product_error.to(tl.float64), mask=col_valid)
     elif SUM_COEFFS_OVER_TIME:
         tl.store(d_coeffs_ptr, d_coeffs_sum[None, :].to(d_coeffs_ptr.dtype.element_ty), mask=col_valid[None, :])
 

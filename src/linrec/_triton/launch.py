@@ -80,6 +80,7 @@ class _Plan:
     segment_length: int
     accumulator_dtype: torch.dtype
     index_64: bool
+    compensated: bool  # whether the scans carry their products' rounding errors (float32: kernels.py)
 
     # Plain integer arithmetic: triton.cdiv is a jit function, whose call from Python costs microseconds.
     @property
@@ -120,7 +121,7 @@ class _Plan:
 
     def constants(self) -> dict:
         return dict(ACC=_ACCUMULATORS.get(self.accumulator_dtype, tl.float32), INDEX_64=self.index_64,
-                    BLOCK_L=self.config.block_length, BLOCK_C=self.config.block_channels, num_warps=self.config.warps)
+                    COMPENSATED=self.compensated, BLOCK_L=self.config.block_length, BLOCK_C=self.config.block_channels, num_warps=self.config.warps)
 
 
 @lru_cache(maxsize=4096)
@@ -133,22 +134,24 @@ def _plan(layout: Layout, dtype: torch.dtype, device: torch.device, block_length
         config = configs.choose(layout, time_contiguous, dtype.itemsize, multiprocessors)
     accumulator_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     return _Plan(layout, config, configs.segment_length(layout, config, multiprocessors), accumulator_dtype,
-                 layout.extent() > _INT32_ELEMENTS)
+                 layout.extent() > _INT32_ELEMENTS, dtype == torch.float32)
 
 
 def _carries(plan: _Plan, aggregate, scan_reverse: bool, initial: torch.Tensor | None, device: torch.device):
     """The state entering each segment of a split call, as a contiguous (segments, rows, channels) buffer:
     ``aggregate(carries, products)`` stores each segment's composed map (its state from a zero carry, and
     the product of its coefficients), and a scan over the segments in the direction of the kernel's scan
-    composes them, from ``initial`` (rows, channels) or zero."""
+    composes them, from ``initial`` (rows, channels) or zero. The maps are float64, so that the products
+    (which the kernels store with their rounding error) compose without compounding it."""
     shape = (plan.segments, plan.rows, plan.layout.channels)
-    states = torch.empty(shape, dtype=plan.accumulator_dtype, device=device)
+    wide = torch.float64
+    states = torch.empty(shape, dtype=wide, device=device)
     products = torch.empty_like(states)
     aggregate(states, products)
-    leaving = forward(states, products, 0, scan_reverse, initial)
-    start = (initial if initial is not None else states.new_zeros(shape[1:])).unsqueeze(0)
+    start = (initial.to(wide) if initial is not None else states.new_zeros(shape[1:])).unsqueeze(0)
+    leaving = forward(states, products, 0, scan_reverse, start[0] if initial is not None else None)
     entering = [leaving[1:], start] if scan_reverse else [start, leaving[:-1]]
-    return torch.cat(entering)
+    return torch.cat(entering).to(plan.accumulator_dtype)
 
 
 def _initial_state(plan: _Plan, initial: torch.Tensor | None, packed: bool) -> torch.Tensor | None:

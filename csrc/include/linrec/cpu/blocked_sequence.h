@@ -18,12 +18,13 @@
 
 namespace linrec::cpu {
 
-// The state after a span of map `map`, entered with `state` (`fresh`: with none). One fused
-// multiply-add on every target, so that the state entering a block does not depend on which thread,
+// The state after a span of map `map`, entered with `state` (`fresh`: with none). The same fused
+// multiply-adds on every target, so that the state entering a block does not depend on which thread,
 // or pass, composed it.
 template <typename A>
 inline A apply(const SpanMap<A>& map, A state, bool fresh) {
-  return fresh ? map.state : std::fma(map.coeff, state, map.state);
+  if (fresh) return map.state;
+  return std::fma(map.coeff, state, map.coeff_error == A(0) ? map.state : std::fma(map.coeff_error, state, map.state));
 }
 
 // Span [lo, hi) of memory scanned in `order`, and its blocks in that order.

@@ -12,12 +12,20 @@
 // entering that one, the map composed vector by vector: so a sequence split across threads (each
 // thread reduces its blocks to their maps, then scans them from the states the maps give) computes
 // the very same values as one thread scanning it alone, whatever the number of threads.
+//
+// float32 products of coefficients carry their rounding error (Product, kCompensated in numeric.h).
+// A sequence that repeats one
+// coefficient (an EMA's decay) has the same window product in every vector, rounded the same way, and
+// the carry from vector to vector compounds that one rounding as if the decay were off by it: over the
+// 1 / (1 - c) steps an output remembers, its error would grow with their number, where the loop's
+// grows with its square root (20x the loop's error on rows of 2^16 steps with c in [0.999, 1]).
 #pragma once
 
 #include <cstdint>
 #include <utility>
 
 #include "linrec/cpu/vector.h"
+#include "linrec/numeric.h"
 
 namespace linrec::cpu {
 
@@ -40,11 +48,34 @@ inline V shift_lanes(V v, V before, std::index_sequence<I...>) {
     return __builtin_shufflevector(v, before, (static_cast<int>(I) + Shift)...);
 }
 
-// The map s -> coeff * s + state of a span, composed vector by vector in scan order; `last` is the
-// output at the span's last element in scan order (the backward's gradient at a sequence's start).
+// A product of coefficients as value + error, error the rounding error of the multiplications that
+// formed value (two-product by a fused multiply-add, Dekker 1971), to first order; 0 unless
+// Compensated. A non-finite product has a NaN error: the outputs it reaches are non-finite either way,
+// and rescanned.
+template <typename V, bool Compensated>
+struct Product {
+  V value, error;
+
+  // The product of this one (later) and `earlier`.
+  Product times(const Product& earlier) const {
+    const V product = value * earlier.value;
+    if constexpr (!Compensated) return {product, V{}};
+    const V rounding = multiply_add(value, earlier.value, -product);
+    return {product, multiply_add(value, earlier.error, multiply_add(error, earlier.value, rounding))};
+  }
+  // product * state + offset.
+  V apply(V state, V offset) const {
+    if constexpr (!Compensated) return multiply_add(value, state, offset);
+    return multiply_add(value, state, multiply_add(error, state, offset));
+  }
+};
+
+// The map s -> (coeff + coeff_error) * s + state of a span, composed vector by vector in scan order;
+// `last` is the output at the span's last element in scan order (the backward's gradient at a
+// sequence's start).
 template <typename A>
 struct SpanMap {
-  A coeff, state, last;
+  A coeff, coeff_error, state, last;
 };
 
 // What a pass over a span does: write outputs, compose the span's map, or both.
@@ -55,6 +86,7 @@ template <typename T, int Bytes, Order O, bool LogCoeffs>
 struct RowScan {
   using A = Acc<T>;
   using V = typename Vector<A, Bytes>::Values;
+  using Coeffs = Product<V, kCompensated<T>>;
   static constexpr int W = Vector<A, Bytes>::kLanes;
   static constexpr int kLast = O == Order::Ascending ? W - 1 : 0;  // the lane scanned last
   // A stored coefficient that is the identity map's (1): pads lanes past a sequence's end.
@@ -128,13 +160,18 @@ struct RowScan {
 
   static constexpr int kScanSteps = __builtin_ctz(W);
 
+  static Coeffs identity_product() { return {splat<V>(A(1)), V{}}; }
+  // The coefficients of a vector as products of one factor each (exact: no error).
+  static Coeffs exact(V coeff) { return {coeff, V{}}; }
+
   // The lanes of the vector scanned before, at each step of scan_windows (the identity map's lanes
   // before a span's first vector: its windows start at the span's start).
   struct Windows {
-    V coeff[kScanSteps], state[kScanSteps];
+    Coeffs coeff[kScanSteps];
+    V state[kScanSteps];
 
     Windows() {
-      for (int step = 0; step < kScanSteps; ++step) coeff[step] = splat<V>(A(1)), state[step] = V{};
+      for (int step = 0; step < kScanSteps; ++step) coeff[step] = identity_product(), state[step] = V{};
     }
   };
 
@@ -142,28 +179,37 @@ struct RowScan {
   // lanes up to i in scan order, those before this vector's taken from `before`'s record of the
   // previous vector (b: the state from zero; a: the product of the coefficients). A sequence's first
   // coefficient, which takes no part, is zeroed before.
-  static void scan_windows(V& a, V& b, Windows& before) {
+  static void scan_windows(Coeffs& a, V& b, Windows& before) {
     [&]<int... Step>(std::integer_sequence<int, Step...>) { (scan_step<Step>(a, b, before), ...); }(
         std::make_integer_sequence<int, kScanSteps>());
   }
 
+  // A window's state from zero rounds independently of its neighbours', so b composes with the
+  // product's value alone; the product keeps its error for the carry.
   template <int Step>
-  static void scan_step(V& a, V& b, Windows& before) {
+  static void scan_step(Coeffs& a, V& b, Windows& before) {
     constexpr int kShift = 1 << Step;
     constexpr auto kLaneIndices = std::make_index_sequence<W>();
-    const V a_before = before.coeff[Step], b_before = before.state[Step];
+    const Coeffs a_before = before.coeff[Step];
+    const V b_before = before.state[Step];
     before.coeff[Step] = a;
     before.state[Step] = b;
-    b = multiply_add(a, shift_lanes<O, kShift>(b, b_before, kLaneIndices), b);
-    a = a * shift_lanes<O, kShift>(a, a_before, kLaneIndices);
+    b = multiply_add(a.value, shift_lanes<O, kShift>(b, b_before, kLaneIndices), b);
+    a = a.times({shift_lanes<O, kShift>(a.value, a_before.value, kLaneIndices),
+                 shift_lanes<O, kShift>(a.error, a_before.error, kLaneIndices)});
   }
 
   // Composes the vector's windows (a, b) after the span's map, lane by lane: lane kLast's window is
   // the vector's own W steps, so lane kLast of the map is the span's map so far. The span's first
   // vector is its map (composing with the identity would turn an infinite a into NaN, by a * 0).
-  static void compose_map(const V& a, const V& b, V& map_coeff, V& map_state, bool first_vector) {
-    map_state = first_vector ? b : multiply_add(a, map_state, b);
-    map_coeff = first_vector ? a : a * map_coeff;
+  static void compose_map(const Coeffs& a, const V& b, Coeffs& map_coeff, V& map_state, bool first_vector) {
+    map_state = first_vector ? b : a.apply(map_state, b);
+    map_coeff = first_vector ? a : a.times(map_coeff);
+  }
+
+  // Lane kLast of a span's map.
+  static Map last_lane(const Coeffs& map_coeff, const V& map_state, A last) {
+    return {map_coeff.value[kLast], map_coeff.error[kLast], map_state[kLast], last};
   }
 
   // Calls vector.template operator()<Full, Unit>(j) for the vectors of span [lo, hi): the first and
@@ -186,21 +232,23 @@ struct RowScan {
   // input and its coefficient takes no part).
   template <Pass P>
   static Map forward(Row<const T*> inputs, Row<const T*> coeffs, T* outputs, int64_t lo, int64_t hi, A state, bool fresh) {
-    V out = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
+    V out = splat<V>(state), map_state{};
+    Coeffs map_coeff = identity_product();
     Windows before;
     for_each_vector(lo, hi, inputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
       const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
       V b = load_row<Full, Unit>(inputs, lanes, A(0));
-      V a = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
-      if (!Full && fresh && j == 0) a = with_lane(a, first_lane(lanes), A(0));
+      V coeff = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
+      if (!Full && fresh && j == 0) coeff = with_lane(coeff, first_lane(lanes), A(0));
+      Coeffs a = exact(coeff);
       scan_windows(a, b, before);
       if constexpr ((P & kScan) != 0) {
-        out = multiply_add(a, out, b);
+        out = a.apply(out, b);
         store_row<Full>(outputs, out, lanes);
       }
       if constexpr ((P & kMap) != 0) compose_map(a, b, map_coeff, map_state, !Full && j == 0);
     });
-    return {map_coeff[kLast], map_state[kLast], A(0)};
+    return last_lane(map_coeff, map_state, A(0));
   }
 
   // The gradient recurrence over span [lo, hi), in this struct's order O (against the forward's),
@@ -217,7 +265,8 @@ struct RowScan {
     constexpr int64_t kForwardNext = O == Order::Ascending ? -1 : 1;
     const int64_t forward_first = O == Order::Ascending ? sequence_hi - 1 : sequence_lo;
     const A initial_state = initial != nullptr ? static_cast<A>(*initial) : A(0);
-    V d = splat<V>(state), map_coeff = splat<V>(A(1)), map_state{};
+    V d = splat<V>(state), map_state{};
+    Coeffs map_coeff = identity_product();
     Windows before;
     A last = A(0);
     const int64_t vectors = (hi - lo + W - 1) / W;
@@ -225,9 +274,9 @@ struct RowScan {
       const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
       // Inner vectors' neighbours fall in the sequence: only the first and last can reach past it.
       V b = load_row<Full, Unit>(d_outputs, lanes, A(0));
-      V a, previous, own_coeff;  // coeffs one step later, outputs one step earlier, in the forward's order
+      V next_coeff, previous, own_coeff;  // coeffs one step later, outputs one step earlier, in the forward's order
       if constexpr (Full) {  // inner vectors' neighbours fall in the sequence
-        a = coefficient(load_row<Full, Unit>(coeffs, lanes.shifted(kForwardNext, sequence_lo, sequence_hi), kIdentityCoeff));
+        next_coeff = coefficient(load_row<Full, Unit>(coeffs, lanes.shifted(kForwardNext, sequence_lo, sequence_hi), kIdentityCoeff));
         previous = load_row<Full, true>(outputs, lanes.shifted(-kForwardNext, sequence_lo, sequence_hi), A(0));
         if constexpr (LogCoeffs) own_coeff = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
       } else {
@@ -237,16 +286,17 @@ struct RowScan {
         const int64_t next_beyond = O == Order::Ascending ? lanes.base - 1 : lanes.base + W;
         const int64_t previous_beyond = O == Order::Ascending ? lanes.base + W : lanes.base - 1;
         own_coeff = coefficient(load_row<false, Unit>(coeffs, lanes, kIdentityCoeff));
-        a = shift_lanes<O, 1>(own_coeff, coefficient(splat<V>(element(coeffs, next_beyond, sequence_lo, sequence_hi, kIdentityCoeff))),
+        next_coeff = shift_lanes<O, 1>(own_coeff, coefficient(splat<V>(element(coeffs, next_beyond, sequence_lo, sequence_hi, kIdentityCoeff))),
                               kLaneIndices);
         previous = shift_lanes<opposite(O), 1>(load_row<false, true>(outputs, lanes, initial_state),
                                                splat<V>(element(outputs, previous_beyond, sequence_lo, sequence_hi, initial_state)),
                                                kLaneIndices);
       }
-      if (!Full && fresh && j == 0) a = with_lane(a, first_lane(lanes), A(0));
+      if (!Full && fresh && j == 0) next_coeff = with_lane(next_coeff, first_lane(lanes), A(0));
+      Coeffs a = exact(next_coeff);
       scan_windows(a, b, before);
       if constexpr ((P & kScan) != 0) {
-        d = multiply_add(a, d, b);
+        d = a.apply(d, b);
         store_row<Full>(d_inputs, d, lanes);
         V d_coeff = d * previous;
         if constexpr (LogCoeffs) d_coeff = d_coeff * own_coeff;
@@ -260,7 +310,7 @@ struct RowScan {
       }
       if constexpr ((P & kMap) != 0) compose_map(a, b, map_coeff, map_state, !Full && j == 0);
     });
-    return {map_coeff[kLast], map_state[kLast], last};
+    return last_lane(map_coeff, map_state, last);
   }
 };
 
