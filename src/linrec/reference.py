@@ -91,11 +91,8 @@ def linrec_reference(
     inputs[first]``) and runs each packed sequence of ``cu_seqlens`` on its own. Arguments are assumed
     checked (``linrec.linrec`` does that)."""
     dtype = compute_dtype(inputs.dtype)
-    coeffs = coeffs.to(dtype)
-    if log_coeffs:
-        coeffs = coeffs.exp()
     inputs_last = inputs.to(dtype).movedim(dim, -1)
-    coeffs_last = coeffs.expand(inputs.shape).movedim(dim, -1)
+    coeffs_last = coeffs.to(dtype).expand(inputs.shape).movedim(dim, -1)
     length = inputs_last.shape[-1]
     bounds = [0, length] if cu_seqlens is None else cu_seqlens.tolist()
     pieces = []
@@ -103,13 +100,23 @@ def linrec_reference(
         if begin == end:
             continue
         x, c = inputs_last[..., begin:end], coeffs_last[..., begin:end]
+        first = end - begin - 1 if reverse else 0
+        if log_coeffs:
+            if initial is None:
+                # The first coefficient takes no part: its gradient is 0, also where exp(NaN or Inf) would
+                # turn autograd's 0 into NaN.
+                unused = torch.zeros(c.shape[-1], dtype=torch.bool, device=c.device)
+                unused[first] = True
+                c = torch.where(unused, torch.zeros_like(c), c)
+            c = c.exp()
         if initial is not None:
             state = initial.to(dtype) if cu_seqlens is None else initial[segment : segment + 1].to(dtype)
-            first = end - begin - 1 if reverse else 0
             folded = c[..., first : first + 1] * state.unsqueeze(-1) + x[..., first : first + 1]
             x = torch.cat([folded, x[..., 1:]] if not reverse else [x[..., :-1], folded], dim=-1)
         pieces.append(recurrence(x, c, reverse))
-    outputs = torch.cat(pieces, dim=-1) if pieces else recurrence(inputs_last, coeffs_last, reverse)
+    if not pieces:  # no steps: still part of the autograd graph
+        return recurrence(inputs_last, coeffs_last, reverse).movedim(-1, dim).to(inputs.dtype)
+    outputs = torch.cat(pieces, dim=-1)
     return outputs.movedim(-1, dim).to(inputs.dtype)
 
 

@@ -192,8 +192,8 @@ def linrec_forward_kernel(
         carry = _row_at(outputs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
         if AGGREGATE:
             last = 0 if REVERSE else BLOCK_L - 1
-            product, product_error = _times(_row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L),
-                                            product, product_error)
+            last_coeffs, last_errors = _row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L)
+            product, product_error = _times(last_coeffs, last_errors, product, product_error)
         else:
             _flag_nonfinite(outputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
     if AGGREGATE:
@@ -263,8 +263,8 @@ def linrec_backward_kernel(
         carry = _row_at(d_inputs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
         if AGGREGATE:
             last = BLOCK_L - 1 if REVERSE else 0
-            product, product_error = _times(_row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L),
-                                            product, product_error)
+            last_coeffs, last_errors = _row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L)
+            product, product_error = _times(last_coeffs, last_errors, product, product_error)
         else:
             _flag_nonfinite(d_inputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
             tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),

@@ -121,7 +121,8 @@ class _Plan:
 
     def constants(self) -> dict:
         return dict(ACC=_ACCUMULATORS.get(self.accumulator_dtype, tl.float32), INDEX_64=self.index_64,
-                    COMPENSATED=self.compensated, BLOCK_L=self.config.block_length, BLOCK_C=self.config.block_channels, num_warps=self.config.warps)
+                    COMPENSATED=self.compensated, BLOCK_L=self.config.block_length,
+                    BLOCK_C=self.config.block_channels, num_warps=self.config.warps)
 
 
 @lru_cache(maxsize=4096)
