@@ -32,6 +32,8 @@ LAYOUTS = {
     "btc": ((2, "T", 4), 1, {"full": (2, "T", 4), "per-channel": (4,), "per-step": (2, "T", 1)}),
     "one-sequence": (("T",), 0, {"full": ("T",), "scalar": ()}),
 }
+# Mixed precision: the arguments made float32 where the inputs are 16-bit.
+MIXES = (("coeffs",), ("initial",), ("coeffs", "initial"))
 
 
 def _shape(template: tuple, length: int) -> tuple[int, ...]:
@@ -57,17 +59,20 @@ def _summed_over_ranks(gradient: torch.Tensor) -> torch.Tensor:
     return total.cpu()
 
 
-def _check_case(device, rank, chunks, dtype, layout, kind, reverse, with_initial, log_coeffs, case_seed):
-    """Outputs and every gradient of this rank's chunk against the reference of the whole sequence."""
+def _check_case(device, rank, chunks, dtype, layout, kind, reverse, with_initial, log_coeffs, float32_args, case_seed):
+    """Outputs and every gradient of this rank's chunk against the reference of the whole sequence; coeffs and
+    initial in float32 where named in float32_args (mixed precision), else in dtype."""
     template, dim, coeff_shapes = LAYOUTS[layout]
     length = sum(chunks)
     shape, coeff_shape = _shape(template, length), _shape(coeff_shapes[kind], length)
+    coeffs_dtype, initial_dtype = (torch.float32 if name in float32_args else dtype for name in ("coeffs", "initial"))
     torch.manual_seed(case_seed)  # every rank draws the same whole sequence
     inputs, d_outputs = random_values(shape, dtype), random_values(shape, dtype)
-    coeffs = random_coeffs(coeff_shape, dtype, min_magnitude=0.5)  # long memory: the state crosses chunks
+    coeffs = random_coeffs(coeff_shape, coeffs_dtype, min_magnitude=0.5)  # long memory: the state crosses chunks
     if log_coeffs:
         coeffs = coeffs.abs().log()
-    initial = random_values([s for d, s in enumerate(shape) if d != dim % len(shape)], dtype) if with_initial else None
+    state_shape = [s for d, s in enumerate(shape) if d != dim % len(shape)]
+    initial = random_values(state_shape, initial_dtype) if with_initial else None
     kwargs = dict(dim=dim, reverse=reverse, initial=initial, log_coeffs=log_coeffs)
     expected = reference(inputs, coeffs, **kwargs)
     expected_grads = reference_gradients(d_outputs, inputs, coeffs, **kwargs)
@@ -90,6 +95,7 @@ def _check_case(device, rank, chunks, dtype, layout, kind, reverse, with_initial
     _assert_close("outputs", wide(outputs), _chunk(expected, dim, ndim, chunks, rank), expected, TOLERANCE[dtype])
     for name, grad, leaf, want, actual, each in zip(names, grads, leaves, expected_grads, actuals, shared):
         assert grad.shape == leaf.shape, f"{name}: shape {tuple(grad.shape)} != {tuple(leaf.shape)}"
+        assert grad.dtype == leaf.dtype, f"{name}: dtype {grad.dtype} != {leaf.dtype}"
         whole = expected_grads[0] if name == "d_initial" else want  # d_initial = c[0] * d_inputs[0]
         if name == "d_coeffs" and coeffs.shape != inputs.shape:  # a sum of rounded terms: scale by their sizes
             whole = reference_gradients(d_outputs, inputs, coeffs.expand(shape), **kwargs)[1].abs().sum_to_size(coeffs.shape)
@@ -113,22 +119,29 @@ def _matching_cases(world):
                 for kind in kinds:
                     for reverse in (False, True):
                         for with_initial in (False, True):
-                            yield chunks, dtype, layout, kind, reverse, with_initial, False
+                            yield chunks, dtype, layout, kind, reverse, with_initial, False, ()
         for dtype in (torch.float16, torch.complex64):  # the other dtypes, on the (batch, time, channels) layout
             for kind in ("full", "per-channel"):
                 for reverse in (False, True):
-                    yield chunks, dtype, "btc", kind, reverse, True, False
+                    yield chunks, dtype, "btc", kind, reverse, True, False, ()
+        # Mixed precision: every mix with bfloat16 inputs, float32 coeffs with float16 ones.
+        for dtype, mixes in ((torch.bfloat16, MIXES), (torch.float16, MIXES[:1])):
+            for mix in mixes:
+                for kind in ("full", "per-channel"):
+                    for reverse in (False, True):
+                        yield chunks, dtype, "btc", kind, reverse, True, False, mix
     for chunks in CHUNKS[world][:2]:  # log coefficients
         for dtype in (torch.float64, torch.float32):
             for kind in ("full", "per-channel"):
                 for reverse in (False, True):
-                    yield chunks, dtype, "btc", kind, reverse, True, True
+                    yield chunks, dtype, "btc", kind, reverse, True, True, ()
 
 
 def _family_matches(device, rank, world, seed):
     for index, case in enumerate(_matching_cases(world)):
         yield f"chunks={case[0]} {case[1]} {case[2]} coeffs={case[3]} reverse={case[4]} initial={case[5]} " \
-              f"log_coeffs={case[6]}", lambda case=case, index=index: _check_case(device, rank, *case, seed + index)
+              f"log_coeffs={case[6]} float32={case[7]}", \
+            lambda case=case, index=index: _check_case(device, rank, *case, seed + index)
 
 
 def _expect_error(error_type, match, call):
@@ -149,6 +162,11 @@ def _family_errors(device, rank, world, seed):
                                          torch.rand(4 + (rank > 0), device=device, dtype=torch.float64), dim=1)),
         "dtype": (ValueError, mismatch + ": dtype torch.float64 on rank 0 but torch.float32",
                   lambda: dist_linrec(x.float() if rank else x, c.float() if rank else c, dim=1)),
+        "coeffs' dtype": (ValueError, mismatch + ": coeffs' dtype torch.bfloat16 on rank 0 but torch.float32",
+                          lambda: dist_linrec(x.bfloat16(), c.float() if rank else c.bfloat16(), dim=1)),
+        "initial's dtype": (ValueError, mismatch + ": initial's dtype torch.bfloat16 on rank 0 but torch.float32",
+                            lambda: dist_linrec(x.bfloat16(), c.float(), dim=1,
+                                                initial=x[:, 0].float() if rank else x[:, 0].bfloat16())),
         "dims": (ValueError, mismatch + ": dims of inputs 3 on rank 0 but 2",
                  lambda: dist_linrec(x[0] if rank else x, c[0] if rank else c, dim=0 if rank else 1)),
         "time dim": (ValueError, mismatch + ": time dim 1 on rank 0 but 2",
@@ -201,11 +219,22 @@ def _family_transforms(device, rank, world, seed):
     def split(x, c, h):
         return linrec.distributed.linrec(x, c, dim=1, initial=h)
 
-    def check_jvp():
-        _, expected = torch.func.jvp(whole, (inputs, coeffs, initial), (*tangents, t_initial))
-        _, actual = torch.func.jvp(split, (local(inputs), local(coeffs), initial.to(device)),
-                                   (local(tangents[0]), local(tangents[1]), t_initial.to(device)))
-        assert_matches(actual, local(expected).cpu(), torch.float64, "jvp")
+    def operands(dtype, coeffs_dtype):
+        """(inputs, coeffs, initial) and their tangents: inputs' in dtype, the others in coeffs_dtype (float32
+        with 16-bit inputs: mixed precision)."""
+        return ((inputs.to(dtype), coeffs.to(coeffs_dtype), initial.to(coeffs_dtype)),
+                (tangents[0].to(dtype), tangents[1].to(coeffs_dtype), t_initial.to(coeffs_dtype)))
+
+    def on_rank(x, c, h):
+        return local(x), local(c), h.to(device)
+
+    def check_jvp(dtype, coeffs_dtype):
+        primals, primal_tangents = operands(dtype, coeffs_dtype)
+        widened = [tuple(t.double() for t in each) for each in (primals, primal_tangents)]
+        _, expected = torch.func.jvp(whole, *widened)
+        _, actual = torch.func.jvp(split, on_rank(*primals), on_rank(*primal_tangents))
+        assert actual.dtype == dtype, f"jvp: dtype {actual.dtype} != {dtype}"
+        assert_matches(actual, local(expected).cpu(), dtype, "jvp")
 
     def check_func_grad():
         weights = torch.randn(2, length, 3, generator=generator, dtype=torch.float64)
@@ -225,9 +254,9 @@ def _family_transforms(device, rank, world, seed):
         expected = torch.autograd.grad(whole(leaf, coeffs, None).sin().sum(), leaf)[0]
         assert_matches(d_inputs, local(expected).cpu(), torch.float64, "d_inputs")
 
-    def check_opcheck():
+    def check_opcheck(dtype, coeffs_dtype):
         group_name = dist.group.WORLD.group_name
-        x, c, h = local(inputs).requires_grad_(), local(coeffs).requires_grad_(), initial.to(device).requires_grad_()
+        x, c, h = (t.requires_grad_() for t in on_rank(*operands(dtype, coeffs_dtype)[0]))
         torch.library.opcheck(torch.ops.linrec.sequence_parallel_forward.default, (x, c, h, 1, False, False, group_name))
         outputs, carries = torch.ops.linrec.sequence_parallel_forward(x.detach(), c.detach(), h.detach(), 1, False, False,
                                                                    group_name)
@@ -251,10 +280,13 @@ def _family_transforms(device, rank, world, seed):
         actual = linrec.distributed.linrec(local(inputs), local(coeffs), dim=1, initial=initial.to(device), group=group)
         assert_matches(actual, _chunk(expected, 1, 3, sub_chunks, order), torch.float64)
 
-    yield "jvp", check_jvp
+    dtypes = ((torch.float64, torch.float64), (torch.bfloat16, torch.float32))  # inputs', coeffs' and initial's
+    for dtype, coeffs_dtype in dtypes:
+        yield f"jvp {dtype} coeffs {coeffs_dtype}", lambda dtype=dtype, c=coeffs_dtype: check_jvp(dtype, c)
     yield "subgroup", check_subgroup
     yield "torch.func.grad", check_func_grad
-    yield "opcheck", check_opcheck
+    for dtype, coeffs_dtype in dtypes:
+        yield f"opcheck {dtype} coeffs {coeffs_dtype}", lambda dtype=dtype, c=coeffs_dtype: check_opcheck(dtype, c)
     for backend in ("aot_eager", "inductor"):
         yield f"compile {backend}", lambda backend=backend: check_compile(backend)
 
@@ -330,5 +362,5 @@ def test_every_case_is_counted():
     """The families cover what they claim (a family that yields no case cannot fail)."""
     for world in WORLD_SIZES:
         cases = list(_matching_cases(world))
-        assert len(cases) == len(CHUNKS[world]) * (len(DTYPES) * 2 * 2 * 8 + 8) + 16
+        assert len(cases) == len(CHUNKS[world]) * (len(DTYPES) * 2 * 2 * 8 + 8 + 16) + 16
         assert any(0 in chunks for chunks, *_ in cases) and any(1 in chunks for chunks, *_ in cases)

@@ -75,6 +75,10 @@ OP_ERRORS = (ValueError,) if tuple(int(n) for n in torch.__version__.split(".")[
     [
         ((X, torch.rand(3, 4)), {}, r"linrec.forward: coeffs must be broadcastable to the shape of inputs \[3, 5\], got \[3, 4\]"),
         ((X, C.double()), {}, r"linrec.forward: coeffs must have the dtype of inputs"),
+        # 16-bit inputs take float32 coeffs and initial too (mixed precision), and no other dtype.
+        ((X.bfloat16(), C.half()), {}, r"linrec.forward: coeffs must have the dtype of inputs"),
+        ((X.half(), C), dict(initial=torch.rand(3).double()), r"linrec.forward: initial must have the dtype of inputs"),
+        ((X.double(), C.double()), dict(initial=torch.rand(3)), r"linrec.forward: initial must have the dtype of inputs"),
         ((X.long(), C.long()), {}, r"linrec.forward: inputs must be float32, float64, float16, bfloat16, complex64 or complex128, got Long"),
         ((torch.tensor(1.0), torch.tensor(1.0)), {}, r"linrec.forward: inputs must have at least one dim"),
         ((X, C), dict(dim=2), r"linrec.forward: dim must be in \[-2, 1\] for a 2-dim inputs, got 2"),
@@ -96,6 +100,8 @@ def test_backward_op_checks_its_arguments():
         torch.ops.linrec.backward(X, C, X.t().contiguous())
     with pytest.raises(OP_ERRORS, match=r"linrec.backward: coeffs must have the dtype of d_outputs"):
         torch.ops.linrec.backward(X, C.half(), X)
+    with pytest.raises(OP_ERRORS, match=r"linrec.backward: coeffs must have the dtype of d_outputs"):
+        torch.ops.linrec.backward(X.bfloat16(), C.double(), X.bfloat16())
 
 
 @pytest.mark.cuda

@@ -246,6 +246,7 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
                    device_d_initial.get()},
                forward, backward);
   forward.dtype = backward.dtype = dtype;
+  forward.coeff_dtype = backward.coeff_dtype = dtype;
   launch_with_workspace(forward, linrec::cuda::launch_forward);
   launch_with_workspace(backward, linrec::cuda::launch_backward);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());

@@ -125,12 +125,15 @@ def linrec(
     Args:
         inputs: the additive terms x, any shape, float32, float64, float16, bfloat16 (16-bit types
             accumulate in float32), complex64 or complex128.
-        coeffs: the multiplicative coefficients c, on the device and of the dtype of ``inputs``, of a
-            shape that broadcasts to it: a 0-dim scalar, one per channel (time-invariant filters),
-            one per (batch, time) shared by channels, ... The gradient comes back in this shape.
+        coeffs: the multiplicative coefficients c, on the device of ``inputs``, of its dtype or, with
+            float16 or bfloat16 inputs, float32 (mixed precision: decays such as 0.999, which bfloat16
+            stores as 1.0, keep their precision; the kernels then read coeffs and initial in float32),
+            of a shape that broadcasts to it: a 0-dim scalar, one per channel (time-invariant filters),
+            one per (batch, time) shared by channels, ... The gradient comes back in this shape and dtype.
         dim: the time dim along which the recurrence runs.
         reverse: run from the last element to the first (``outputs[l] = coeffs[l] * outputs[l+1] + inputs[l]``).
-        initial: the state before the first step, of ``inputs``' shape without ``dim``. The final state
+        initial: the state before the first step, of ``inputs``' shape without ``dim``, of the dtype of
+            ``inputs`` or, with 16-bit inputs, float32 (its gradient in its dtype). The final state
             is ``outputs.select(dim, -1)`` (``select(dim, 0)`` with ``reverse``): passing it as the next
             chunk's ``initial`` continues the recurrence exactly, for chunked training or streaming.
         cu_seqlens: packed variable-length sequences along ``dim``, as flash-attention's varlen API takes

@@ -25,6 +25,11 @@ Each derivative below is again one of the two ops plus products and shifts of th
   come from dx'; dc' adds ``dx * conj(prev(y'))`` (with h' at each first step) and ``a' * dc`` in log
   space, dh' adds ``first(r)``.
 
+With mixed precision (float32 coeffs or initial, 16-bit inputs) the products of a float32 term and a
+16-bit one promote to float32; each result goes back to the dtype of the operand or derivative it
+stands for (``_in_dtype``): outputs' and inputs' derivatives in inputs' dtype, coeffs' in coeffs', and
+initial's in initial's.
+
 For complex dtypes these are PyTorch's conventions (gradients are conjugate Wirtinger derivatives,
 tangents directional derivatives), which gradcheck and gradgradcheck verify.
 """
@@ -127,10 +132,19 @@ def _times_c_in_log_space(values: torch.Tensor, coeffs: torch.Tensor, log_coeffs
     return values * coeffs.exp() if log_coeffs else values
 
 
+def _in_dtype(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``values`` in ``like``'s dtype. With mixed precision (float32 coeffs or initial, 16-bit inputs) the
+    formulas' products of the two promote to float32; each term goes back to the dtype of the operand or
+    derivative it stands for (forward-mode AD refuses a tangent of another dtype than its primal's)."""
+    return values if values.dtype == like.dtype else values.to(like.dtype)
+
+
 def _full(values: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    """An operand of the ops in ``like``'s shape: zeros for None, broadcast terms expanded (stride 0, no copy)."""
+    """An operand of the ops in ``like``'s shape and dtype: zeros for None, broadcast terms expanded
+    (stride 0, no copy)."""
     if values is None:
         return torch.zeros_like(like)
+    values = _in_dtype(values, like)
     return values if values.shape == like.shape else values.expand(like.shape)
 
 
@@ -210,9 +224,9 @@ class _Backward(_SingleLevelFunction):
             v_total = _add(v_total, v_coeffs * factor)
             # dc depends on y through conj(prev(y)), and on h at each sequence's first step.
             product = _times_c_in_log_space(v_coeffs.conj() * d_inputs, coeffs, log_coeffs)
-            grad_outputs = next_step(product, dim, reverse, cu_seqlens)
+            grad_outputs = _in_dtype(next_step(product, dim, reverse, cu_seqlens), outputs)
             if initial is not None:
-                grad_initial = first_step(product, dim, reverse, cu_seqlens)
+                grad_initial = _in_dtype(first_step(product, dim, reverse, cu_seqlens), initial)
         grad_d_outputs = grad_coeffs = None
         if v_total is not None or v_initial is not None:
             grad_d_outputs = _call_forward(
@@ -243,13 +257,13 @@ class _Backward(_SingleLevelFunction):
         if t_outputs is not None or t_initial is not None:
             t_previous = previous_step(_full(t_outputs, outputs), t_initial, dim, reverse, cu_seqlens)
             t_d_coeffs_outputs = _times_c_in_log_space(d_inputs * t_previous.conj(), coeffs, log_coeffs)
-            t_d_coeffs = t_d_coeffs + _reduce_to(t_d_coeffs_outputs, coeffs)
+            t_d_coeffs = _in_dtype(t_d_coeffs + _reduce_to(t_d_coeffs_outputs, coeffs), coeffs)
         if log_coeffs and t_coeffs is not None:
             t_d_coeffs = t_d_coeffs + t_coeffs * d_coeffs
         if initial is None:
             return t_d_inputs, t_d_coeffs, None  # d_initial is a non-differentiable placeholder
         if coeff_term is not None:
-            t_d_initial = t_d_initial + first_step(coeff_term, dim, reverse, cu_seqlens)
+            t_d_initial = _in_dtype(t_d_initial + first_step(coeff_term, dim, reverse, cu_seqlens), initial)
         return t_d_inputs, t_d_coeffs, t_d_initial
 
 

@@ -10,6 +10,8 @@ import torch
 
 REAL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 SUPPORTED_DTYPES = (*REAL_DTYPES, torch.complex64, torch.complex128)
+#: The input dtypes whose coeffs and initial may also be float32.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES = "float32, float64, float16, bfloat16, complex64 or complex128"
 
 
@@ -18,11 +20,14 @@ def _check_tensor(op: str, name: str, tensor: object) -> None:
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
 
 
-def _check_like(op: str, name: str, tensor: torch.Tensor, like_name: str, like: torch.Tensor) -> None:
+def _check_coeff_like(op: str, name: str, tensor: torch.Tensor, like_name: str, like: torch.Tensor) -> None:
+    """coeffs and initial: on the device of `like` (inputs), of its dtype or, where it is 16-bit, float32
+    (mixed precision: the kernels then read both in float32)."""
     if tensor.device != like.device:
         raise ValueError(f"{op}: {name} must be on the device of {like_name} ({like.device}), got {tensor.device}")
-    if tensor.dtype != like.dtype:
-        raise TypeError(f"{op}: {name} must have the dtype of {like_name} ({like.dtype}), got {tensor.dtype}")
+    if tensor.dtype != like.dtype and (tensor.dtype != torch.float32 or like.dtype not in HALF_DTYPES):
+        allowed = f"({like.dtype}) or float32" if like.dtype in HALF_DTYPES else f"({like.dtype})"
+        raise TypeError(f"{op}: {name} must have the dtype of {like_name} {allowed}, got {tensor.dtype}")
 
 
 def normalize_dim(op: str, dim: int, ndim: int) -> int:
@@ -68,7 +73,7 @@ def check_arguments(
         raise TypeError(f"{op}: {inputs_name} must be {_DTYPE_NAMES}, got {inputs.dtype}")
     dim = normalize_dim(op, dim, inputs.dim())
     check_bool(op, "log_coeffs", log_coeffs)
-    _check_like(op, "coeffs", coeffs, inputs_name, inputs)
+    _check_coeff_like(op, "coeffs", coeffs, inputs_name, inputs)
     if coeffs.dim() > inputs.dim() or any(
         c != 1 and c != x for c, x in zip(reversed(coeffs.shape), reversed(inputs.shape))
     ):
@@ -98,7 +103,7 @@ def check_arguments(
             )
     if initial is not None:
         _check_tensor(op, "initial", initial)
-        _check_like(op, "initial", initial, inputs_name, inputs)
+        _check_coeff_like(op, "initial", initial, inputs_name, inputs)
         expected = initial_shape(inputs, dim, cu_seqlens)
         if list(initial.shape) != expected:
             what = "without the time dim" + (", dim 0 counting the cu_seqlens sequences" if cu_seqlens is not None else "")

@@ -121,10 +121,15 @@ def _backward_fake(
     vectors_per_thread: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_arguments("linrec.backward", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs, "d_outputs")
-    d_initial_shape = initial.shape if initial is not None else (0,)
-    # As the C++ op allocates: d_coeffs in coeffs' shape, laid out like outputs where the shapes agree.
-    d_coeffs = torch.empty_like(outputs) if coeffs.shape == outputs.shape else coeffs.new_empty(coeffs.shape)
-    return torch.empty_like(outputs), d_coeffs, d_outputs.new_zeros(d_initial_shape)
+    # As the C++ op allocates: each gradient in its argument's dtype (coeffs and initial may be float32 with
+    # 16-bit d_outputs), d_coeffs in coeffs' shape, laid out like outputs where the shapes agree, and an
+    # empty d_initial of d_outputs' dtype without an initial state.
+    if coeffs.shape == outputs.shape:
+        d_coeffs = torch.empty_like(outputs, dtype=coeffs.dtype)
+    else:
+        d_coeffs = coeffs.new_empty(coeffs.shape)
+    d_initial = d_outputs.new_zeros((0,)) if initial is None else initial.new_zeros(initial.shape)
+    return torch.empty_like(outputs), d_coeffs, d_initial
 
 
 # The config ints differ in meaning between the two families, not in the results' shapes.

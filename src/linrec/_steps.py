@@ -48,7 +48,8 @@ def previous_step(
 ) -> torch.Tensor:
     """``values`` at the step before each step of the scan; at each sequence's first step, ``initial``
     (of the shape the ops take it) or zero without one. ``previous_step(outputs, initial)`` is the
-    state that each coefficient multiplies."""
+    state that each coefficient multiplies; a float32 ``initial`` with 16-bit ``values`` (mixed
+    precision) promotes it to float32, which keeps the state exact."""
     if cu_seqlens is None:
         fill = None if initial is None else initial.unsqueeze(dim)
         return _shift(values, dim, toward_end=not reverse, fill=fill)

@@ -16,7 +16,7 @@ from that incoming state:
 
 The composition of the gathered maps is itself a recurrence over the ranks, one small kernel call. The
 communication per call is the gathered maps, ``O(ranks x state size)``, plus a fixed-size check that the
-ranks' chunks line up (shapes, dtype, device type, arguments), never the data.
+ranks' chunks line up (shapes, dtypes, device type, arguments), never the data.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ def linrec(
     """``linrec.linrec`` over one sequence split along ``dim`` across the ranks of ``group``.
 
     Rank ``r`` of the group holds the ``r``-th chunk of the sequence along ``dim`` (chunks of any lengths,
-    0 included); the other dims, the dtype, the device type and the other arguments must agree on every
+    0 included); the other dims, the dtypes, the device type and the other arguments must agree on every
     rank. Each rank gets the outputs of its own chunk: exactly what one ``linrec.linrec`` call on the
     concatenated sequence computes there. Every rank of the group must make the call (and its backward),
-    like any collective.
+    like any collective. With float16 or bfloat16 inputs, coeffs and initial may be float32 (mixed
+    precision, as ``linrec.linrec`` takes them).
 
     Args:
         inputs: this rank's chunk of the additive terms.
@@ -135,7 +136,9 @@ def _argument_types_problem(inputs, coeffs, dim, reverse, initial, log_coeffs) -
 # ----- the check that the ranks' chunks line up ---------------------------------------------------------
 
 # The record each rank contributes: a refusal flag, then these fields, then the two shapes.
-_FIELDS = ("dims of inputs", "time dim", "reverse", "log_coeffs", "initial given", "dtype", "device type")
+_FIELDS = ("dims of inputs", "time dim", "reverse", "log_coeffs", "initial given", "dtype", "coeffs' dtype",
+           "initial's dtype", "device type")
+_DTYPE_FIELDS = ("dtype", "coeffs' dtype", "initial's dtype")
 # coeffs' size along time: broadcast along time, one per step, or either (a chunk of length 1).
 _BROADCAST, _PER_STEP, _EITHER = 1, -1, 0
 _ABSENT = -2  # a dim beyond the tensor's
@@ -153,13 +156,15 @@ def _local_record(arguments: tuple | None) -> list[int]:
     steps = aligned[dim]
     aligned[dim] = _EITHER if steps == length == 1 else (_BROADCAST if steps == 1 else _PER_STEP)
     pad = [_ABSENT] * (MAX_DIMS - ndim)
-    fields = [ndim, dim, reverse, log_coeffs, initial is not None, SUPPORTED_DTYPES.index(inputs.dtype),
+    # Without initial its dtype is recorded as inputs' ("initial given" tells the ranks apart first).
+    dtypes = (inputs.dtype, coeffs.dtype, inputs.dtype if initial is None else initial.dtype)
+    fields = [ndim, dim, reverse, log_coeffs, initial is not None, *map(SUPPORTED_DTYPES.index, dtypes),
               _DEVICE_TYPES.index(inputs.device.type)]
     return [0, *map(int, fields), *shape, *pad, *aligned, *pad]
 
 
 def _describe(field: str, value: list[int]) -> str:
-    if field == "dtype":
+    if field in _DTYPE_FIELDS:
         return str(SUPPORTED_DTYPES[value[0]])
     if field == "device type":
         return _DEVICE_TYPES[value[0]]
@@ -202,7 +207,7 @@ def _agree(problem: Exception | None, record: list[int], device: torch.device, g
         raise ValueError(
             f"{_OP}: the chunks of the group's ranks do not line up: {field} {_describe(field, values[0])} on "
             f"rank 0 but {_describe(field, values[other])} on rank {other} (all dims but the time dim, the "
-            "dtype, the device type and the arguments must agree)"
+            "dtypes, the device type and the arguments must agree)"
         )
 
 
@@ -275,9 +280,19 @@ def _coeff_product(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int, log_coe
     return product.expand(initial_shape(inputs, dim, None))
 
 
-def _incoming(initial: torch.Tensor | None, carries: torch.Tensor, position: int, dtype: torch.dtype):
+def _state_dtype(values: torch.Tensor, coeffs: torch.Tensor, initial: torch.Tensor | None) -> torch.dtype:
+    """The dtype a chunk passes its incoming state to the op in: the one the kernels read coeffs and initial
+    in, float32 where either is float32 with 16-bit ``values`` (mixed precision), else values'. In values'
+    dtype under float32 coeffs it would lose the precision they keep; in float32 under 16-bit coeffs and
+    no float32 initial, the op would convert (copy) coeffs for it."""
+    mixed = coeffs.dtype != values.dtype or (initial is not None and initial.dtype != values.dtype)
+    return torch.float32 if mixed else values.dtype
+
+
+def _incoming(initial: torch.Tensor | None, carries: torch.Tensor, position: int, coeffs: torch.Tensor,
+              outputs: torch.Tensor) -> torch.Tensor | None:
     """The state this chunk started from: ``initial`` for the first chunk, else the one the forward kept."""
-    return initial if position == 0 else carries[1].to(dtype)
+    return initial if position == 0 else carries[1].to(_state_dtype(outputs, coeffs, initial))
 
 
 def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_name):
@@ -303,7 +318,8 @@ def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_nam
             # the chunk before it leaves.
             through = kernels.forward(maps[:, 1], maps[:, 0], 0, reverse, None, None, False)
             incoming = through[rank + 1 if reverse else rank - 1]
-            outputs = kernels.forward(inputs, coeffs, dim, reverse, incoming.to(inputs.dtype), None, log_coeffs)
+            start = incoming.to(_state_dtype(inputs, coeffs, initial))
+            outputs = kernels.forward(inputs, coeffs, dim, reverse, start, None, log_coeffs)
         elif outputs is None:  # the group's only chunk, or an empty first one
             outputs = kernels.forward(inputs, coeffs, dim, reverse, initial, None, log_coeffs)
     # What the backward needs of this chunk: its product of coefficients and the state it started from.
@@ -316,7 +332,7 @@ def _backward_kernel(d_outputs, coeffs, outputs, initial, carries, dim, reverse,
     kernels = _package._kernels("auto", outputs)
     length = outputs.shape[dim]
     with torch.no_grad():
-        incoming = _incoming(initial, carries, position, outputs.dtype)
+        incoming = _incoming(initial, carries, position, coeffs, outputs)
         arriving = torch.zeros_like(carries[1])
         gradients = None
         if position > 0:  # from no gradient arriving: the chunk's map of the gradient is its d_initial
@@ -328,13 +344,13 @@ def _backward_kernel(d_outputs, coeffs, outputs, initial, carries, dim, reverse,
             # The gradient reaching this chunk's last step from the later chunks: their maps of the gradient
             # composed against the scan's direction, with the conjugated coefficient products.
             through = kernels.forward(maps[:, 1], maps[:, 0].conj(), 0, not reverse, None, None, False)
-            carry = through[rank - 1 if reverse else rank + 1].to(outputs.dtype)
+            carry = through[rank - 1 if reverse else rank + 1]
             driving = d_outputs.clone()
-            if length:
+            if length:  # added in the carry's dtype, rounded to d_outputs' once
                 driving.select(dim, 0 if reverse else length - 1).add_(carry)
             gradients = kernels.backward(driving, coeffs, outputs, dim, reverse, incoming, None, log_coeffs)
             if length == 0 and initial is not None:  # an empty first chunk passes the gradient on to initial
-                gradients = (*gradients[:2], carry)
+                gradients = (*gradients[:2], carry.to(initial.dtype))
         elif gradients is None:  # the group's only chunk
             gradients = kernels.backward(d_outputs, coeffs, outputs, dim, reverse, incoming, None, log_coeffs)
         d_inputs, d_coeffs, d_initial = gradients
@@ -351,7 +367,8 @@ def _forward_fake(inputs, coeffs, initial, dim, reverse, log_coeffs, group_name)
 
 
 def _backward_fake(d_outputs, coeffs, outputs, initial, carries, dim, reverse, log_coeffs, group_name):
-    d_coeffs = torch.empty_like(outputs) if coeffs.shape == outputs.shape else coeffs.new_empty(coeffs.shape)
+    full = coeffs.shape == outputs.shape
+    d_coeffs = torch.empty_like(outputs, dtype=coeffs.dtype) if full else coeffs.new_empty(coeffs.shape)
     d_initial = torch.empty_like(initial) if initial is not None else d_outputs.new_zeros((0,))
     return torch.empty_like(outputs), d_coeffs, d_initial
 
@@ -398,7 +415,7 @@ class _SequenceParallel(_SingleLevelFunction):
         dim, reverse, log_coeffs, group_name = ctx.options
         driving = t_inputs
         if t_coeffs is not None:
-            incoming = _incoming(initial, carries, _position(_resolve(group_name), reverse)[2], outputs.dtype)
+            incoming = _incoming(initial, carries, _position(_resolve(group_name), reverse)[2], coeffs, outputs)
             previous = previous_step(outputs, incoming, dim, reverse, None)
             driving = _add(driving, _times_c_in_log_space(t_coeffs, coeffs, log_coeffs) * previous)
         tangent, _ = _FORWARD(_full(driving, outputs), coeffs, t_initial, dim, reverse, log_coeffs, group_name)

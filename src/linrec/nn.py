@@ -10,6 +10,13 @@ in one ``linrec`` call along dim 1. All share one interface:
 - ``y_t, state = layer.step(x_t, state=None)``: one time step on ``x_t`` of shape (batch, channels),
   for autoregressive generation; stepping through a sequence gives the outputs of one full call.
 
+16-bit inputs (float16, bfloat16): the layers compute their decays in float32 and pass them to
+``linrec`` in float32, since bfloat16 stores a decay of 0.999 as 1.0 (no forgetting at all); the
+terms the decays multiply, the outputs and the state stay in the dtype of ``x`` (LRU: complex64, as
+``linrec`` has no 16-bit complex type). An EMA or MinGRU state is then 16-bit, so a sequence continued
+in chunks rounds it to 16 bits at each chunk boundary, where one call carries it in float32: the
+outputs agree with one call's up to those roundings, which long memories (decays near 1) accumulate.
+
 Example:
     >>> import torch, linrec
     >>> layer = linrec.nn.MinGRU(16, 32)
@@ -112,7 +119,8 @@ class EMA(nn.Module):
 
     ``y[t] = a * y[t-1] + (1 - a) * x[t]`` with ``a = sigmoid(decay_logit)`` in (0, 1), one per channel.
     The recurrence runs in log space (``log a = logsigmoid(decay_logit)``, passed with
-    ``log_coeffs=True``), which keeps decays near 1 accurate in 16-bit types.
+    ``log_coeffs=True``), and ``log a`` goes to ``linrec`` in float32 for 16-bit inputs (in the dtype of
+    ``x`` otherwise), which keeps decays near 1 accurate.
 
     Args:
         channels: the number of channels C.
@@ -123,8 +131,10 @@ class EMA(nn.Module):
 
     Shapes:
         x: (batch, time, C), float32, float64, bfloat16 or float16; the layer computes in the dtype of
-        ``x`` (parameters are cast to it; 16-bit recurrences accumulate in float32).
-        state: (batch, C) of the dtype of ``x``: ``y[-1]`` of the previous chunk; None means zeros.
+        ``x`` (parameters are cast to it; 16-bit recurrences accumulate in float32), bar the decays:
+        float32 for 16-bit ``x``.
+        state: (batch, C) of the dtype of ``x`` (16-bit for 16-bit ``x``): ``y[-1]`` of the previous
+        chunk; None means zeros.
         Returns ``(y, new_state)``: y (batch, time, C) and new_state = ``y[:, -1]`` (batch, C).
 
     Example:
@@ -161,9 +171,13 @@ class EMA(nn.Module):
         return torch.sigmoid(self.decay_logit)
 
     def _terms(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(log a, 1 - a)`` in ``dtype``, computed in the wider of it and the parameter's dtype."""
-        logit = self.decay_logit.to(_wide_dtype(self.decay_logit.dtype, dtype))
-        return F.logsigmoid(logit).to(dtype), torch.sigmoid(-logit).to(dtype)
+        """``(log a, 1 - a)`` for inputs of ``dtype``: ``log a`` in float32 for 16-bit ``dtype`` (the dtype
+        the kernels compute in, so the decays are not rounded to 16 bits), else in ``dtype``; ``1 - a``,
+        which scales the inputs, in ``dtype``. Both are computed in the widest of these and the
+        parameter's dtype."""
+        coeff_dtype = compute_dtype(dtype)
+        logit = self.decay_logit.to(_wide_dtype(self.decay_logit.dtype, coeff_dtype))
+        return F.logsigmoid(logit).to(coeff_dtype), torch.sigmoid(-logit).to(dtype)
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Averages ``x`` (batch, time, C) over time, from ``state`` (batch, C) or zeros; returns
@@ -203,7 +217,8 @@ class MinGRU(nn.Module):
     ``g(v) = v + 0.5`` for ``v >= 0``, ``sigmoid(v)`` otherwise; then
     ``h[t] = (1 - z[t]) * h[t-1] + z[t] * h~[t]``. The gates depend on ``x`` only, so the whole sequence is
     one linear recurrence; its coefficients go to ``linrec`` as ``log(1 - z) = -softplus(k)``
-    (``log_coeffs=True``), accurate where ``z`` is tiny (long memory).
+    (``log_coeffs=True``), accurate where ``z`` is tiny (long memory), computed from ``k`` in float32
+    for 16-bit inputs.
 
     Args:
         input_size: the channels of ``x``.
@@ -217,8 +232,10 @@ class MinGRU(nn.Module):
 
     Shapes:
         x: (batch, time, input_size), float32, float64, bfloat16 or float16; the layer computes in the
-        dtype of ``x`` (parameters are cast to it, so a float32 layer takes bfloat16 inputs).
-        state: (batch, hidden_size) of the dtype of ``x``, ``h`` before the first step; None means zeros.
+        dtype of ``x`` (parameters are cast to it, so a float32 layer takes bfloat16 inputs), bar the
+        log-decays ``-softplus(k)``: float32 for 16-bit ``x``.
+        state: (batch, hidden_size) of the dtype of ``x`` (16-bit for 16-bit ``x``), ``h`` before the
+        first step; None means zeros.
         Returns ``(h, new_state)``: h (batch, time, hidden_size) and new_state = ``h[:, -1]``.
 
     Example:
@@ -237,13 +254,17 @@ class MinGRU(nn.Module):
         self.proj = nn.Linear(input_size, 2 * hidden_size, bias=bias, device=device, dtype=dtype)
 
     def _terms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(log(1 - z), z * h~)`` in the dtype of ``x``, of the shape of ``x`` with ``hidden_size`` channels."""
+        """``(log(1 - z), z * h~)`` of the shape of ``x`` with ``hidden_size`` channels: ``z * h~`` in the
+        dtype of ``x``, ``log(1 - z)`` in float32 for 16-bit ``x`` (from the projection's 16-bit ``k``, in
+        the dtype the kernels compute in, so the decays are not rounded to 16 bits), else in the dtype of
+        ``x``."""
         weight = self.proj.weight.to(x.dtype)
         bias = None if self.proj.bias is None else self.proj.bias.to(x.dtype)
         k, v = F.linear(x, weight, bias).chunk(2, dim=-1)
-        log_coeffs = -F.softplus(k)
+        coeff_dtype = compute_dtype(x.dtype)
+        log_coeffs = -F.softplus(k.to(coeff_dtype))
         inputs = torch.sigmoid(k) * _positive_activation(v)
-        return log_coeffs.to(x.dtype), inputs.to(x.dtype)  # x's dtype under autocast too
+        return log_coeffs.to(coeff_dtype), inputs.to(x.dtype)  # these dtypes under autocast too
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Runs over ``x`` (batch, time, input_size) from ``state`` (batch, hidden_size) or zeros; returns
@@ -285,7 +306,8 @@ class LRU(nn.Module):
     the ring ``r_min <= |lambda| <= r_max`` with phases in ``[0, max_phase]``. ``B`` (state_size,
     input_size) and ``C`` (input_size, state_size) are complex, stored as real and imaginary parts,
     initialized ~ N(0, 1 / (2 input_size)) and N(0, 1 / state_size) per part; ``D`` (input_size,) ~ N(0, 1).
-    The recurrence runs through ``linrec`` in complex64 (complex128 for float64 inputs).
+    The recurrence runs through ``linrec`` in complex64 (complex128 for float64 inputs), 16-bit inputs
+    included: its decays ``lambda``, inputs and state are complex64 for them.
 
     Args:
         input_size: the channels H of ``x`` and of ``y``.

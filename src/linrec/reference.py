@@ -3,8 +3,10 @@
 Each recurrence takes time-last tensors of one shape, ``(inputs, coeffs, reverse) -> outputs``,
 computes ``outputs[0] = inputs[0]`` and ``outputs[l] = coeffs[l] * outputs[l-1] + inputs[l]`` (the
 first coefficient takes no part), and is differentiable through autograd. 16-bit inputs are computed
-in float32 and the result is cast back. ``linrec_reference`` builds the full API on any of them
-(time dim, broadcasting, initial state, packed sequences, log coefficients) in the plainest way.
+in float32 and the result is cast back; their coefficients may be float32 (mixed precision), read as
+they are, and autograd returns each gradient in its argument's dtype. ``linrec_reference`` builds the
+full API on any of them (time dim, broadcasting, initial state, packed sequences, log coefficients) in
+the plainest way.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ Recurrence = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """16-bit types compute in float32; the others as they are."""
+    """16-bit types compute in float32; the others as they are. Coefficients and initial states, of the
+    inputs' dtype or float32 with 16-bit inputs, are exact in it."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "linrec/numeric.h"
@@ -28,9 +29,19 @@ decltype(auto) dispatch_dtype(DType dtype, Body&& body) {
                               std::to_string(static_cast<int>(dtype)));
 }
 
-}  // namespace linrec
+// Calls body.template operator()<T, C>() with the element types of inputs (T) and of coeffs and
+// initial (C): C is T, or float for 16-bit T (SequenceLayout::coeff_dtype).
+template <typename Half, typename BFloat16, typename Body>
+void dispatch_dtypes(DType dtype, DType coeff_dtype, Body&& body) {
+  dispatch_dtype<Half, BFloat16>(dtype, [&]<typename T>() {
+    if (coeff_dtype == dtype) return body.template operator()<T, T>();
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      if (coeff_dtype == DType::Float32) return body.template operator()<T, float>();
+    throw std::invalid_argument(std::string("linrec: no kernel is compiled for ") + dtype_name(dtype) +
+                                " inputs with " + dtype_name(coeff_dtype) + " coefficients");
+  });
+}
 
-namespace linrec {
 
 // Calls body.template operator()<Config>() for the entry of Configs equal to `config`; throws,
 // naming the requested config, when it is not compiled in.

@@ -40,25 +40,26 @@ LINREC_HOST_DEVICE const Operand& rescanned(const BackwardParams& params) { retu
 LINREC_HOST_DEVICE bool rescan_reverse(const ForwardParams& params) { return params.reverse; }
 LINREC_HOST_DEVICE bool rescan_reverse(const BackwardParams& params) { return !params.reverse; }
 
-template <typename T>
+template <typename T, typename C>
 LINREC_HOST_DEVICE void sequential_scan(const ForwardParams& params, const int64_t (&rows)[1], int64_t segment,
                                         int64_t from_step) {
-  sequential_scan_forward<1, T>(params, rows, segment, from_step);
+  sequential_scan_forward<1, T, C>(params, rows, segment, from_step);
 }
-template <typename T>
+template <typename T, typename C>
 LINREC_HOST_DEVICE void sequential_scan(const BackwardParams& params, const int64_t (&rows)[1], int64_t segment,
                                         int64_t from_step) {
-  sequential_scan_backward<1, T>(params, rows, segment, from_step);
+  sequential_scan_backward<1, T, C>(params, rows, segment, from_step);
 }
 
-// Rescans packed sequence `segment` of row `row` from its first non-finite result, if it has one.
-template <typename T, typename Params>
+// Rescans packed sequence `segment` of row `row` from its first non-finite result, if it has one. C is
+// the element type of coeffs and initial (sequential_scan.h).
+template <typename T, typename C = T, typename Params>
 LINREC_HOST_DEVICE void rescan_segment(const Params& params, int64_t row, int64_t segment) {
   const T* results = params.shape.template row_pointers<T>(row, rescanned(params)).at[0];
   const int64_t first = steps_before_nonfinite(results, rescanned(params).time_stride, params.boundary(segment),
                                                params.boundary(segment + 1), rescan_reverse(params));
   const int64_t rows[1] = {row};
-  if (first >= 0) sequential_scan<T>(params, rows, segment, first);
+  if (first >= 0) sequential_scan<T, C>(params, rows, segment, first);
 }
 
 #if defined(__CUDACC__)
@@ -100,21 +101,22 @@ __device__ inline BackwardParams unpaired(BackwardParams params) {
   return unpaired(params, operands);
 }
 
-// Rescans the packed sequences of row `row` of params over T (a scalar type, or channel pairs of one)
+// Rescans the packed sequences of row `row` of params over T and C (scalar types, or channel pairs of them)
 // that hold a non-finite result. Not inlined, so that its registers are not the kernels'. The kernels'
 // params are __grid_constant__: passed by reference to a call, a plain kernel parameter would be
 // copied to local memory by every thread at the kernel's start.
-template <typename T, typename Params>
+template <typename T, typename C, typename Params>
 __device__ __noinline__ void rescan_nonfinite(const Params& params, int64_t row) {
   if constexpr (is_channel_pair<T>::value) {
     using Scalar = decltype(T{}.first);
+    using CoeffScalar = decltype(C{}.first);
     const Params scalar = unpaired(params);
     for (int64_t segment = 0; segment < params.num_segments; ++segment) {
-      rescan_segment<Scalar>(scalar, 2 * row, segment);
-      rescan_segment<Scalar>(scalar, 2 * row + 1, segment);
+      rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row, segment);
+      rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row + 1, segment);
     }
   } else {
-    for (int64_t segment = 0; segment < params.num_segments; ++segment) rescan_segment<T>(params, row, segment);
+    for (int64_t segment = 0; segment < params.num_segments; ++segment) rescan_segment<T, C>(params, row, segment);
   }
 }
 

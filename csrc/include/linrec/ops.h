@@ -9,6 +9,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -72,6 +73,39 @@ inline void check_like(const char* op, const char* name, const Tensor& tensor, c
                " (", dtype_string(like), "), got ", dtype_string(tensor));
 }
 
+inline bool is_16_bit(const Tensor& tensor) {
+  using torch::headeronly::ScalarType;
+  return tensor.scalar_type() == ScalarType::Half || tensor.scalar_type() == ScalarType::BFloat16;
+}
+
+// coeffs and initial: on the device of `values`, of its dtype or, where it is 16-bit, float32.
+inline void check_coeff_like(const char* op, const char* name, const Tensor& tensor, const char* values_name,
+                             const Tensor& values) {
+  if (!is_16_bit(values) || tensor.scalar_type() != torch::headeronly::ScalarType::Float) {
+    check_like(op, name, tensor, values_name, values);
+    return;
+  }
+  LINREC_CHECK(tensor.device() == values.device(), op, ": ", name, " must be on the device of ", values_name, " (",
+               device_string(values), "), got ", device_string(tensor));
+}
+
+// `tensor` as `dtype`: itself where it has it, else a converted copy (exact: 16-bit to float32 only).
+inline Tensor converted(const Tensor& tensor, torch::headeronly::ScalarType dtype) {
+  return tensor.scalar_type() == dtype ? tensor : torch::stable::to(tensor, dtype);
+}
+
+// An uninitialized tensor laid out like `like` (its strides, where it is dense) of another dtype.
+inline Tensor empty_like(const Tensor& like, torch::headeronly::ScalarType dtype) {
+  std::array<StableIValue, 6> stack{torch::stable::detail::from(like),
+                                    torch::stable::detail::from(std::optional<torch::headeronly::ScalarType>(dtype)),
+                                    torch::stable::detail::from(std::nullopt),
+                                    torch::stable::detail::from(std::nullopt),
+                                    torch::stable::detail::from(std::nullopt),
+                                    torch::stable::detail::from(std::nullopt)};
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::empty_like", "", stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+
 inline void check_shape(const char* op, const char* name, const Tensor& tensor, const std::vector<int64_t>& expected,
                         const char* what) {
   LINREC_CHECK(sizes_of(tensor) == expected, op, ": ", name, " must have shape ", shape_string(expected), " (", what,
@@ -84,6 +118,10 @@ struct Arguments {
   std::vector<int64_t> sizes;          // of inputs (d_outputs in the backward)
   std::vector<int64_t> initial_sizes;  // what initial must be: sizes without time, dim 0 counting packed sequences
   DType dtype = DType::Float32;
+  // The dtype the kernels read coeffs and initial in (SequenceLayout::coeff_dtype): inputs', or float32
+  // where inputs are 16-bit and coeffs or initial are float32 (the other one is then converted, exactly).
+  torch::headeronly::ScalarType coeff_type = torch::headeronly::ScalarType::Float;
+  DType coeff_dtype = DType::Float32;
 };
 
 // Checks `values` (inputs or d_outputs), coeffs, dim, initial, cu_seqlens and log_coeffs together.
@@ -99,7 +137,7 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
                "-dim ", values_name, ", got ", dim);
   args.time_dim = dim < 0 ? dim + ndim : dim;
 
-  check_like(op, "coeffs", coeffs, values_name, values);
+  check_coeff_like(op, "coeffs", coeffs, values_name, values);
   bool broadcastable = coeffs.dim() <= ndim;
   for (int64_t d = 0; broadcastable && d < coeffs.dim(); ++d) {
     const int64_t size = coeffs.size(coeffs.dim() - 1 - d);
@@ -145,11 +183,15 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
     args.initial_sizes[0] = offsets.size(0) - 1;
   }
   if (initial) {
-    check_like(op, "initial", *initial, values_name, values);
+    check_coeff_like(op, "initial", *initial, values_name, values);
     check_shape(op, "initial", *initial, args.initial_sizes,
                 cu_seqlens ? "the shape of inputs without the time dim, dim 0 counting the cu_seqlens sequences"
                            : "the shape of inputs without the time dim");
   }
+  const bool mixed = coeffs.scalar_type() != values.scalar_type() ||
+                     (initial && initial->scalar_type() != values.scalar_type());
+  args.coeff_type = mixed ? torch::headeronly::ScalarType::Float : values.scalar_type();
+  args.coeff_dtype = mixed ? DType::Float32 : args.dtype;
   return args;
 }
 
@@ -245,6 +287,7 @@ inline void set_options(SequenceLayout& layout, const Arguments& args, bool reve
                op, ": threads_per_sequence and vectors_per_thread must both be 0 (automatic) or both positive, got ",
                threads_per_sequence, " and ", vectors_per_thread);
   layout.dtype = args.dtype;
+  layout.coeff_dtype = args.coeff_dtype;
   layout.reverse = reverse;
   layout.log_coeffs = log_coeffs;
   if (cu_seqlens) {
@@ -274,16 +317,19 @@ Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool 
                   int64_t vectors_per_thread) {
   constexpr const char* op = "linrec.forward";
   const Arguments args = check_arguments(op, "inputs", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
-  // Same strides as inputs where inputs are dense; no copy of any operand is made.
+  // Same strides as inputs where inputs are dense; no copy of any operand is made but the one of coeffs
+  // or initial that mixed precision converts to the other's float32.
   Tensor outputs = torch::stable::empty_like(inputs);
+  const Tensor read_coeffs = converted(coeffs, args.coeff_type);
+  const OptionalTensor read_initial = initial ? OptionalTensor(converted(*initial, args.coeff_type)) : std::nullopt;
 
   ForwardParams params;
   set_options(params, args, reverse, cu_seqlens, log_coeffs, op, threads_per_sequence, vectors_per_thread);
   bind_operands(op, args, cu_seqlens.has_value(), params,
                 {{&outputs, Role::Full, &params.outputs},
                  {&inputs, Role::Full, &params.inputs},
-                 {&coeffs, Role::Broadcast, &params.coeffs},
-                 {initial ? &*initial : nullptr, Role::State, &params.initial}});
+                 {&read_coeffs, Role::Broadcast, &params.coeffs},
+                 {read_initial ? &*read_initial : nullptr, Role::State, &params.initial}});
   if (params.numel() > 0) Launch(params, inputs);
   return outputs;
 }
@@ -312,10 +358,14 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   const Arguments args = check_arguments(op, "d_outputs", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
   check_like(op, "outputs", outputs, "d_outputs", d_outputs);
   check_shape(op, "outputs", outputs, args.sizes, "the shape of d_outputs");
+  const Tensor read_coeffs = converted(coeffs, args.coeff_type);
+  const OptionalTensor read_initial = initial ? OptionalTensor(converted(*initial, args.coeff_type)) : std::nullopt;
   // Laid out like outputs (inputs' layout): d_outputs is often an expanded or otherwise odd gradient.
   Tensor d_inputs = torch::stable::empty_like(outputs);
   // Zeros: packed sequences of length 0 have no element to compute their gradient from.
-  Tensor d_initial = torch::stable::new_zeros(d_outputs, initial ? args.initial_sizes : std::vector<int64_t>{0});
+  Tensor d_initial =
+      torch::stable::new_zeros(d_outputs, initial ? args.initial_sizes : std::vector<int64_t>{0},
+                               initial ? args.coeff_type : d_outputs.scalar_type());
   const std::vector<int64_t> coeff_sizes = sizes_of(coeffs);
   // Broadcast along a dim of size > 1: elements share a coefficient, and its gradient is their sum.
   const bool broadcast = coeffs.numel() < d_outputs.numel();
@@ -324,11 +374,10 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   // coeffs without inputs' leading dims of size 1, take their own dense layout). Summed in the
   // kernel: a zeroed buffer of the sum's dtype in coeffs' shape. Zeros where no element exists to
   // contribute (an empty time dim under coeffs that broadcast along it).
-  Tensor d_coeffs = in_kernel                  ? torch::stable::new_zeros(coeffs, coeff_sizes, sum_dtype(coeffs))
-                    : broadcast                ? torch::stable::empty_like(outputs)
-                    : coeff_sizes == args.sizes ? torch::stable::empty_like(outputs)
-                    : d_outputs.numel() == 0    ? torch::stable::new_zeros(coeffs, coeff_sizes)
-                                                : torch::stable::new_empty(coeffs, coeff_sizes);
+  Tensor d_coeffs = in_kernel ? torch::stable::new_zeros(read_coeffs, coeff_sizes, sum_dtype(read_coeffs))
+                    : broadcast || coeff_sizes == args.sizes ? empty_like(outputs, args.coeff_type)
+                    : d_outputs.numel() == 0                 ? torch::stable::new_zeros(read_coeffs, coeff_sizes)
+                                                             : torch::stable::new_empty(read_coeffs, coeff_sizes);
 
   BackwardParams params;
   set_options(params, args, reverse, cu_seqlens, log_coeffs, op, threads_per_sequence, vectors_per_thread);
@@ -338,12 +387,15 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
                  {&d_coeffs, broadcast && !in_kernel ? Role::Full : Role::Broadcast, &params.d_coeffs},
                  {&d_outputs, Role::Full, &params.d_outputs},
                  {&outputs, Role::Full, &params.outputs},
-                 {&coeffs, Role::Broadcast, &params.coeffs},
-                 {initial ? &*initial : nullptr, Role::State, &params.initial},
+                 {&read_coeffs, Role::Broadcast, &params.coeffs},
+                 {read_initial ? &*read_initial : nullptr, Role::State, &params.initial},
                  {initial ? &d_initial : nullptr, Role::State, &params.d_initial}});
   if (params.numel() > 0) Launch(params, d_outputs);
   if (broadcast && !in_kernel) d_coeffs = sum_to(d_coeffs, coeffs);
-  if (in_kernel && d_coeffs.scalar_type() != coeffs.scalar_type()) d_coeffs = torch::stable::to(d_coeffs, coeffs.scalar_type());
+  // Each gradient in its argument's dtype: from the float32 sum of 16-bit coefficients' gradient, and
+  // from the float32 that mixed precision read a 16-bit coeffs or initial in.
+  d_coeffs = converted(d_coeffs, coeffs.scalar_type());
+  if (initial) d_initial = converted(d_initial, initial->scalar_type());
   return {d_inputs, d_coeffs, d_initial};
 }
 

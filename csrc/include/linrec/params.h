@@ -39,6 +39,13 @@ struct RowPointers {
   T* at[N];
 };
 
+// A batch row's first elements in N operands, in elements from each operand's data pointer: for
+// operands of different element types (BatchShape::row_offsets, Operand::row).
+template <int N>
+struct RowOffsets {
+  int64_t at[N];
+};
+
 // The batch dims the sequences are numbered over, outermost first: sequence row r has the
 // multi-index of r in sizes[0..num_dims) (row-major, the last dim fastest). Built by of(), which
 // keeps `rows` the product of the sizes.
@@ -59,15 +66,16 @@ struct BatchShape {
 
   LINREC_HOST_DEVICE int64_t num_rows() const { return rows; }
 
-  // Where row `row` begins in each of `operands`. One walk over the batch dims serves all operands,
-  // since the divisions are the costly part (a kernel over short sequences spends a noticeable share of
-  // its time here): the outermost dim needs none, so the common single batch dim costs nothing, and the
-  // others divide in 32 bits where that is exact. The walk is a loop, not unrolled over kMaxBatchDims:
-  // every kernel instantiation carries this code, and unrolled it was the largest part of them.
-  template <typename T, typename... Operands>
-  LINREC_HOST_DEVICE RowPointers<T, sizeof...(Operands)> row_pointers(int64_t row, const Operands&... operands) const {
+  // Where row `row` begins in each of `operands`, in elements from its data pointer. One walk over the
+  // batch dims serves all operands, since the divisions are the costly part (a kernel over short
+  // sequences spends a noticeable share of its time here): the outermost dim needs none, so the common
+  // single batch dim costs nothing, and the others divide in 32 bits where that is exact. The walk is a
+  // loop, not unrolled over kMaxBatchDims: every kernel instantiation carries this code, and unrolled it
+  // was the largest part of them.
+  template <typename... Operands>
+  LINREC_HOST_DEVICE RowOffsets<sizeof...(Operands)> row_offsets(int64_t row, const Operands&... operands) const {
     constexpr int kCount = sizeof...(Operands);
-    int64_t offsets[kCount] = {};
+    RowOffsets<kCount> offsets{};
     LINREC_NO_UNROLL
     for (int d = num_dims - 1; d >= 1; --d) {
       int64_t index;
@@ -80,11 +88,20 @@ struct BatchShape {
         row /= sizes[d];
       }
       int k = 0;
-      ((offsets[k++] += index * operands.strides[d]), ...);
+      ((offsets.at[k++] += index * operands.strides[d]), ...);
     }
-    RowPointers<T, kCount> result;
     int k = 0;
-    ((result.at[k] = static_cast<T*>(operands.data) + offsets[k] + row * operands.strides[0], ++k), ...);
+    ((offsets.at[k++] += row * operands.strides[0]), ...);
+    return offsets;
+  }
+
+  // Where row `row` begins in each of `operands`, all of element type T.
+  template <typename T, typename... Operands>
+  LINREC_HOST_DEVICE RowPointers<T, sizeof...(Operands)> row_pointers(int64_t row, const Operands&... operands) const {
+    const RowOffsets<sizeof...(Operands)> offsets = row_offsets(row, operands...);
+    RowPointers<T, sizeof...(Operands)> result;
+    int k = 0;
+    ((result.at[k] = static_cast<T*>(operands.data) + offsets.at[k], ++k), ...);
     return result;
   }
 };
@@ -96,6 +113,10 @@ struct Operand {
   int64_t time_stride = 0;
   int64_t segment_stride = 0;  // between packed sequences' initial states (cu_seqlens), else 0
   int64_t strides[kMaxBatchDims] = {};  // 0 past the shape's num_dims
+
+  // The row `offset` elements (BatchShape::row_offsets) into the data, as elements of type T.
+  template <typename T>
+  LINREC_HOST_DEVICE T* row(int64_t offset) const { return static_cast<T*>(data) + offset; }
 };
 
 // The sequences one op call scans: num_segments x shape.num_rows() of them. Without cu_seqlens, one
@@ -109,6 +130,9 @@ struct SequenceLayout {
   bool reverse = false;     // scan from the last element towards the first
   bool log_coeffs = false;  // coeffs hold log c: the kernels use exp(coeffs)
   DType dtype = DType::Float32;
+  // The dtype of coeffs and initial, and of their gradients: dtype, or float32 where dtype is float16
+  // or bfloat16 (mixed precision: decays keep float32's resolution near 1, which 16-bit types lack).
+  DType coeff_dtype = DType::Float32;
   // CUDA kernel config forced for experiments and tuning; 0 and 0 let the launcher choose per shape.
   int threads_per_sequence = 0;
   int vectors_per_thread = 0;

@@ -16,24 +16,25 @@ namespace linrec {
 // Scans packed sequence `segment` of Lanes batch rows in lockstep: their recurrences are independent,
 // so interleaving them hides the latency of each step's multiply-add (the CPU kernel's inner loop).
 // LogCoeffs is a template argument so that the loop neither branches on it nor calls exp per element
-// when it is off (a runtime test there made the CPU kernel 4x slower).
-template <bool LogCoeffs, int Lanes, typename T>
+// when it is off (a runtime test there made the CPU kernel 4x slower). C is the element type of coeffs
+// and initial (and of their gradients): T, or float for 16-bit T.
+template <bool LogCoeffs, int Lanes, typename T, typename C>
 LINREC_HOST_DEVICE void sequential_scan_forward_impl(const ForwardParams& params, const int64_t (&rows)[Lanes],
                                                      int64_t segment, int64_t from_step) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1);
   const bool has_initial = params.initial.data != nullptr;
   const T* inputs[Lanes];
-  const T* coeffs[Lanes];
+  const C* coeffs[Lanes];
   T* outputs[Lanes];
   Acc state[Lanes];
   for (int k = 0; k < Lanes; ++k) {
-    const auto [input_row, coeff_row, output_row, initial_row] =
-        params.shape.template row_pointers<T>(rows[k], params.inputs, params.coeffs, params.outputs, params.initial).at;
-    inputs[k] = input_row;
-    coeffs[k] = coeff_row;
-    outputs[k] = output_row;
-    state[k] = has_initial ? static_cast<Acc>(initial_row[segment * params.initial.segment_stride])
+    const auto [input_at, coeff_at, output_at, initial_at] =
+        params.shape.row_offsets(rows[k], params.inputs, params.coeffs, params.outputs, params.initial).at;
+    inputs[k] = params.inputs.template row<const T>(input_at);
+    coeffs[k] = params.coeffs.template row<const C>(coeff_at);
+    outputs[k] = params.outputs.template row<T>(output_at);
+    state[k] = has_initial ? static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride])
                            : Acc(0);
   }
   const int64_t step = params.reverse ? -1 : 1;
@@ -50,32 +51,32 @@ LINREC_HOST_DEVICE void sequential_scan_forward_impl(const ForwardParams& params
   }
 }
 
-template <bool LogCoeffs, int Lanes, typename T>
+template <bool LogCoeffs, int Lanes, typename T, typename C>
 LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& params, const int64_t (&rows)[Lanes],
                                                       int64_t segment, int64_t from_step) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1);
   const bool has_initial = params.initial.data != nullptr;
   const T* d_outputs[Lanes];
-  const T* coeffs[Lanes];
+  const C* coeffs[Lanes];
   const T* outputs[Lanes];
   T* d_inputs[Lanes];
-  T* d_coeffs[Lanes];
-  const T* initial[Lanes];  // this packed sequence's initial state, if any
-  T* d_initial[Lanes];
+  C* d_coeffs[Lanes];
+  const C* initial[Lanes];  // this packed sequence's initial state, if any
+  C* d_initial[Lanes];
   Acc d_state[Lanes];
   Acc next_coeff[Lanes];  // conj(coeffs) one step later in the forward scan; nothing follows the last
   for (int k = 0; k < Lanes; ++k) {
-    const auto [d_output_row, coeff_row, output_row, d_input_row, d_coeff_row, initial_row, d_initial_row] =
-        params.shape.template row_pointers<T>(rows[k], params.d_outputs, params.coeffs, params.outputs, params.d_inputs,
-                                              params.d_coeffs, params.initial, params.d_initial).at;
-    d_outputs[k] = d_output_row;
-    coeffs[k] = coeff_row;
-    outputs[k] = output_row;
-    d_inputs[k] = d_input_row;
-    d_coeffs[k] = d_coeff_row;
-    initial[k] = has_initial ? initial_row + segment * params.initial.segment_stride : nullptr;
-    d_initial[k] = has_initial ? d_initial_row + segment * params.d_initial.segment_stride : nullptr;
+    const auto [d_output_at, coeff_at, output_at, d_input_at, d_coeff_at, initial_at, d_initial_at] =
+        params.shape.row_offsets(rows[k], params.d_outputs, params.coeffs, params.outputs, params.d_inputs,
+                                 params.d_coeffs, params.initial, params.d_initial).at;
+    d_outputs[k] = params.d_outputs.template row<const T>(d_output_at);
+    coeffs[k] = params.coeffs.template row<const C>(coeff_at);
+    outputs[k] = params.outputs.template row<const T>(output_at);
+    d_inputs[k] = params.d_inputs.template row<T>(d_input_at);
+    d_coeffs[k] = params.d_coeffs.template row<C>(d_coeff_at);
+    initial[k] = has_initial ? params.initial.template row<const C>(initial_at) + segment * params.initial.segment_stride : nullptr;
+    d_initial[k] = has_initial ? params.d_initial.template row<C>(d_initial_at) + segment * params.d_initial.segment_stride : nullptr;
     d_state[k] = next_coeff[k] = Acc(0);
   }
   // Walk against the forward scan: from its last element towards its first.
@@ -99,29 +100,29 @@ LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& para
       }
       // A summed d_coeffs (the CUDA kernels' broadcast coefficients) is added into by the parallel
       // kernels alone: a rescan leaves it as they left it.
-      if (!params.sum_d_coeffs) d_coeffs[k][t * params.d_coeffs.time_stride] = static_cast<T>(d_coeff);
+      if (!params.sum_d_coeffs) d_coeffs[k][t * params.d_coeffs.time_stride] = static_cast<C>(d_coeff);
     }
   }
   if (has_initial)
     for (int k = 0; k < Lanes; ++k)
-      *d_initial[k] = static_cast<T>(length > 0 ? next_coeff[k] * d_state[k] : Acc(0));
+      *d_initial[k] = static_cast<C>(length > 0 ? next_coeff[k] * d_state[k] : Acc(0));
 }
 
 // Scans packed sequence `segment` of `rows`, storing the results of its steps from `from_step` on (in
 // scan order from the sequence's first): a rescan keeps the parallel results before the first
 // non-finite one (nonfinite_rescan.h).
-template <int Lanes, typename T>
+template <int Lanes, typename T, typename C = T>
 LINREC_HOST_DEVICE void sequential_scan_forward(const ForwardParams& params, const int64_t (&rows)[Lanes],
                                                 int64_t segment, int64_t from_step = 0) {
-  if (params.log_coeffs) sequential_scan_forward_impl<true, Lanes, T>(params, rows, segment, from_step);
-  else sequential_scan_forward_impl<false, Lanes, T>(params, rows, segment, from_step);
+  if (params.log_coeffs) sequential_scan_forward_impl<true, Lanes, T, C>(params, rows, segment, from_step);
+  else sequential_scan_forward_impl<false, Lanes, T, C>(params, rows, segment, from_step);
 }
 
-template <int Lanes, typename T>
+template <int Lanes, typename T, typename C = T>
 LINREC_HOST_DEVICE void sequential_scan_backward(const BackwardParams& params, const int64_t (&rows)[Lanes],
                                                  int64_t segment, int64_t from_step = 0) {
-  if (params.log_coeffs) sequential_scan_backward_impl<true, Lanes, T>(params, rows, segment, from_step);
-  else sequential_scan_backward_impl<false, Lanes, T>(params, rows, segment, from_step);
+  if (params.log_coeffs) sequential_scan_backward_impl<true, Lanes, T, C>(params, rows, segment, from_step);
+  else sequential_scan_backward_impl<false, Lanes, T, C>(params, rows, segment, from_step);
 }
 
 }  // namespace linrec

@@ -6,7 +6,9 @@
 //               neighbouring sequences (cpu/channel_scan.h).
 //   sequential: anything else, and complex types: the plain recurrence over strided operands,
 //               several sequences in lockstep per thread (sequential_scan.h).
-// The vector kernels run on the widest instruction set the CPU has (cpu/isa.h).
+// The vector kernels run on the widest instruction set the CPU has (cpu/isa.h). Every family reads
+// coeffs and initial, and writes their gradients, in their own element type C: the inputs' T, or
+// float32 beside 16-bit inputs (mixed precision: params.h's coeff_dtype).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/BFloat16.h>
@@ -14,7 +16,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <initializer_list>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -66,14 +70,15 @@ Family family_of(const SequenceLayout& layout, std::initializer_list<const Opera
   return Family::Sequential;
 }
 
-// Calls body.template operator()<T, O, LogCoeffs>() for the params' real dtype, order and encoding.
+// Calls body.template operator()<T, C, O, LogCoeffs>() for the params' real dtypes (T of inputs, C of
+// coeffs), order and encoding.
 template <typename Body>
 void dispatch_real(const SequenceLayout& layout, Order order, const Body& body) {
-  dispatch_dtype<c10::Half, c10::BFloat16>(layout.dtype, [&]<typename T>() {
+  dispatch_dtypes<c10::Half, c10::BFloat16>(layout.dtype, layout.coeff_dtype, [&]<typename T, typename C>() {
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
       const auto with_order = [&]<Order O>() {
-        if (layout.log_coeffs) body.template operator()<T, O, true>();
-        else body.template operator()<T, O, false>();
+        if (layout.log_coeffs) body.template operator()<T, C, O, true>();
+        else body.template operator()<T, C, O, false>();
       };
       if (order == Order::Ascending) with_order.template operator()<Order::Ascending>();
       else with_order.template operator()<Order::Descending>();
@@ -109,6 +114,18 @@ void scan_row_sequences(const SequenceLayout& layout, Isa isa, bool fresh, const
 std::pair<int64_t, int64_t> row_and_segment(const SequenceLayout& layout, int64_t sequence) {
   if (layout.num_segments == 1) return {sequence, 0};
   return {sequence % layout.num_rows(), sequence / layout.num_rows()};
+}
+
+// Where row `row` begins in operands of T (`values`), then in operands of C (`coeff_operands`: coeffs,
+// initial and their gradients), as one tuple of pointers, from one walk over the batch dims.
+template <typename T, typename C, std::size_t ValueCount, std::size_t CoeffCount>
+auto row_pointers(const BatchShape& shape, int64_t row, const Operand* const (&values)[ValueCount],
+                  const Operand* const (&coeff_operands)[CoeffCount]) {
+  return [&]<std::size_t... V, std::size_t... K>(std::index_sequence<V...>, std::index_sequence<K...>) {
+    const auto offsets = shape.row_offsets(row, *values[V]..., *coeff_operands[K]...);
+    return std::tuple{values[V]->template row<T>(offsets.at[V])...,
+                      coeff_operands[K]->template row<C>(offsets.at[ValueCount + K])...};
+  }(std::make_index_sequence<ValueCount>(), std::make_index_sequence<CoeffCount>());
 }
 
 // The sequential family: groups of kLanes consecutive batch rows of one packed sequence (single rows
@@ -188,19 +205,19 @@ struct NonfiniteFlag {
 };
 
 // One forward sequence of the rows family, as blocked_sequence.h's Job.
-template <typename T, Order O, bool LogCoeffs>
+template <typename T, typename C, Order O, bool LogCoeffs>
 struct ForwardRowJob : cpu::BlockedSpan {
   const T* inputs;
   bool inputs_unit;
-  const T* coeffs;
+  const C* coeffs;
   bool coeffs_unit;
   T* outputs;
   const NonfiniteFlag* nonfinite;
 
   template <int Bytes, cpu::Pass P>
   cpu::SpanMap<cpu::Acc<T>> span(int64_t lo, int64_t hi, cpu::Acc<T> state, bool fresh) const {
-    const auto map = cpu::RowScan<T, Bytes, O, LogCoeffs>::template forward<P>({inputs, inputs_unit}, {coeffs, coeffs_unit},
-                                                                               outputs, lo, hi, state, fresh);
+    const auto map = cpu::RowScan<T, C, Bytes, O, LogCoeffs>::template forward<P>(
+        {inputs, inputs_unit}, {coeffs, coeffs_unit}, outputs, lo, hi, state, fresh);
     if constexpr ((P & cpu::kScan) != 0) nonfinite->check(holds_nonfinite(outputs, lo, hi));
     return map;
   }
@@ -209,16 +226,18 @@ struct ForwardRowJob : cpu::BlockedSpan {
 };
 
 // One backward sequence of the rows family; O is the gradient's order (against the forward's).
-template <typename T, Order O, bool LogCoeffs>
+template <typename T, typename C, Order O, bool LogCoeffs>
 struct BackwardRowJob : cpu::BlockedSpan {
-  const T *d_outputs, *coeffs, *outputs, *initial;
+  const T *d_outputs, *outputs;
+  const C *coeffs, *initial;
   bool d_outputs_unit, coeffs_unit;
-  T *d_inputs, *d_coeffs, *d_initial;
+  T* d_inputs;
+  C *d_coeffs, *d_initial;
   const NonfiniteFlag* nonfinite;
 
   template <int Bytes, cpu::Pass P>
   cpu::SpanMap<cpu::Acc<T>> span(int64_t span_lo, int64_t span_hi, cpu::Acc<T> state, bool fresh) const {
-    const auto map = cpu::RowScan<T, Bytes, O, LogCoeffs>::template backward<P>(
+    const auto map = cpu::RowScan<T, C, Bytes, O, LogCoeffs>::template backward<P>(
         {d_outputs, d_outputs_unit}, {coeffs, coeffs_unit}, {outputs, true}, d_inputs, d_coeffs, lo, hi, span_lo, span_hi,
         initial, state, fresh);
     if constexpr ((P & cpu::kScan) != 0) nonfinite->check(holds_nonfinite(d_inputs, span_lo, span_hi));
@@ -228,10 +247,10 @@ struct BackwardRowJob : cpu::BlockedSpan {
   template <int Bytes>
   void finish(cpu::Acc<T> last) const {
     if (d_initial == nullptr) return;
-    using Scan = cpu::RowScan<T, Bytes, O, LogCoeffs>;
+    using Scan = cpu::RowScan<T, C, Bytes, O, LogCoeffs>;
     const int64_t first = O == Order::Ascending ? hi - 1 : lo;
     const auto coeff = Scan::coefficient(cpu::load_splat<typename Scan::V>(coeffs + (coeffs_unit ? first : 0)))[0];
-    *d_initial = static_cast<T>(coeff * last);
+    *d_initial = static_cast<C>(coeff * last);
   }
 };
 
@@ -239,38 +258,38 @@ void launch_forward_cpu(const ForwardParams& params, const Tensor&) {
   const Isa isa = cpu::cpu_isa();
   const Family family = family_of(params, {&params.inputs, &params.coeffs}, {&params.outputs}, {&params.initial});
   if (family == Family::Sequential) {
-    dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
+    dispatch_dtypes<c10::Half, c10::BFloat16>(params.dtype, params.coeff_dtype, [&]<typename T, typename C>() {
       for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
-        sequential_scan_forward<Lanes, T>(params, rows, segment);
+        sequential_scan_forward<Lanes, T, C>(params, rows, segment);
       });
     });
     return;
   }
   const Order order = params.reverse ? Order::Descending : Order::Ascending;
-  dispatch_real(params, order, [&]<typename T, Order O, bool LogCoeffs>() {
+  dispatch_real(params, order, [&]<typename T, typename C, Order O, bool LogCoeffs>() {
     using A = cpu::Acc<T>;
     const bool has_initial = params.initial.data != nullptr;
     if (family == Family::Rows) {
       scan_row_sequences(params, isa, !has_initial, [&](int64_t sequence, const auto& scan) {
         const auto [row, segment] = row_and_segment(params, sequence);
-        const auto [inputs, coeffs, outputs, initial] =
-            params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
+        const auto [inputs, outputs, coeffs, initial] =
+            row_pointers<T, C>(params.shape, row, {&params.inputs, &params.outputs}, {&params.coeffs, &params.initial});
         const A state = has_initial ? static_cast<A>(initial[segment * params.initial.segment_stride]) : A(0);
         const NonfiniteFlag nonfinite;
-        const ForwardRowJob<T, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O},
-                                                 inputs, params.inputs.time_stride == 1, coeffs,
-                                                 params.coeffs.time_stride == 1, outputs, &nonfinite};
+        const ForwardRowJob<T, C, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O},
+                                                    inputs, params.inputs.time_stride == 1, coeffs,
+                                                    params.coeffs.time_stride == 1, outputs, &nonfinite};
         scan(job, state);
-        if (nonfinite) rescan_segment<T>(params, row, segment);
+        if (nonfinite) rescan_segment<T, C>(params, row, segment);
       });
       return;
     }
     const int inner = params.shape.num_dims - 1;
     for_each_channel_group(params, vector_lanes<A>(isa) * cpu::kChannelVectors, vector_lanes<A>(isa), [&](int64_t row, int channels) {
-      const auto [inputs, coeffs, outputs, initial] =
-          params.shape.template row_pointers<T>(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
+      const auto [inputs, outputs, coeffs, initial] =
+          row_pointers<T, C>(params.shape, row, {&params.inputs, &params.outputs}, {&params.coeffs, &params.initial});
       cpu::with_vector_width(isa, [&]<int Bytes>() {
-        using Scan = cpu::ChannelScan<T, Bytes, LogCoeffs>;
+        using Scan = cpu::ChannelScan<T, C, Bytes, LogCoeffs>;
         for (int64_t segment = 0; segment < params.num_segments; ++segment)
           Scan::forward({inputs, params.inputs.time_stride, params.inputs.strides[inner] == 1},
                         {coeffs, params.coeffs.time_stride, params.coeffs.strides[inner] == 1},
@@ -287,26 +306,26 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
   const Family family = family_of(params, {&params.d_outputs, &params.coeffs},
                                   {&params.outputs, &params.d_inputs, &params.d_coeffs}, {&params.initial, &params.d_initial});
   if (family == Family::Sequential) {
-    dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
+    dispatch_dtypes<c10::Half, c10::BFloat16>(params.dtype, params.coeff_dtype, [&]<typename T, typename C>() {
       for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
-        sequential_scan_backward<Lanes, T>(params, rows, segment);
+        sequential_scan_backward<Lanes, T, C>(params, rows, segment);
       });
     });
     return;
   }
   // The gradient runs against the forward's order.
   const Order order = params.reverse ? Order::Ascending : Order::Descending;
-  dispatch_real(params, order, [&]<typename T, Order O, bool LogCoeffs>() {
+  dispatch_real(params, order, [&]<typename T, typename C, Order O, bool LogCoeffs>() {
     using A = cpu::Acc<T>;
     const bool has_initial = params.initial.data != nullptr;
     if (family == Family::Rows) {
       // The gradient has no state before its first step (the forward's last).
       scan_row_sequences(params, isa, true, [&](int64_t sequence, const auto& scan) {
         const auto [row, segment] = row_and_segment(params, sequence);
-        const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial, d_initial] =
-            params.shape.template row_pointers<T>(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
-                       params.initial, params.d_initial).at;
-        BackwardRowJob<T, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O}};
+        const auto [d_outputs, outputs, d_inputs, coeffs, d_coeffs, initial, d_initial] =
+            row_pointers<T, C>(params.shape, row, {&params.d_outputs, &params.outputs, &params.d_inputs},
+                               {&params.coeffs, &params.d_coeffs, &params.initial, &params.d_initial});
+        BackwardRowJob<T, C, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O}};
         job.d_outputs = d_outputs;
         job.coeffs = coeffs;
         job.outputs = outputs;
@@ -319,17 +338,17 @@ void launch_backward_cpu(const BackwardParams& params, const Tensor&) {
         const NonfiniteFlag nonfinite;
         job.nonfinite = &nonfinite;
         scan(job, A(0));
-        if (nonfinite) rescan_segment<T>(params, row, segment);
+        if (nonfinite) rescan_segment<T, C>(params, row, segment);
       });
       return;
     }
     const int inner = params.shape.num_dims - 1;
     for_each_channel_group(params, vector_lanes<A>(isa) * cpu::kChannelVectors, vector_lanes<A>(isa), [&](int64_t row, int channels) {
-      const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial, d_initial] =
-          params.shape.template row_pointers<T>(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
-                     params.initial, params.d_initial).at;
+      const auto [d_outputs, outputs, d_inputs, coeffs, d_coeffs, initial, d_initial] =
+          row_pointers<T, C>(params.shape, row, {&params.d_outputs, &params.outputs, &params.d_inputs},
+                             {&params.coeffs, &params.d_coeffs, &params.initial, &params.d_initial});
       cpu::with_vector_width(isa, [&]<int Bytes>() {
-        using Scan = cpu::ChannelScan<T, Bytes, LogCoeffs>;
+        using Scan = cpu::ChannelScan<T, C, Bytes, LogCoeffs>;
         for (int64_t segment = 0; segment < params.num_segments; ++segment)
           Scan::backward({d_outputs, params.d_outputs.time_stride, params.d_outputs.strides[inner] == 1},
                          {coeffs, params.coeffs.time_stride, params.coeffs.strides[inner] == 1},

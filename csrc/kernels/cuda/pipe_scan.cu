@@ -377,7 +377,7 @@ struct PipeThread {
       flagged = storage.flagged[sequence_in_block];
     }
     const int64_t row = sequence_of(params);
-    if (flagged && rank == 0 && row < params.num_rows()) linrec::rescan_nonfinite<T>(params, row);
+    if (flagged && rank == 0 && row < params.num_rows()) linrec::rescan_nonfinite<T, T>(params, row);
   }
 };
 
@@ -698,6 +698,10 @@ bool pair_channels(Params& params) {
 // more than the wider accesses gain (docs/design.md, Strided time).
 template <typename Params, typename Body>
 void dispatch_call(const Params& params, Body&& body) {
+  if (params.coeff_dtype != params.dtype)
+    throw std::invalid_argument(std::string("linrec: the CUDA kernels take coeffs and initial of the dtype of inputs (") +
+                                dtype_name(params.dtype) + "), got " + dtype_name(params.coeff_dtype) +
+                                "; pass them as " + dtype_name(params.dtype) + " or use backend='triton'");
   const int multiprocessors = multiprocessor_count();
   dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
     const auto run = [&]<typename Element>(const Params& launched, const PipeConfig& config) {

@@ -10,6 +10,10 @@ are registered with every install, and triton is loaded at their first call.
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # Looked up once: a plain constant, which torch.compile reads without tracing the lookup.
 _INSTALLED = importlib.util.find_spec("triton") is not None
@@ -23,7 +27,7 @@ def missing() -> str | None:
     return None
 
 
-def check_dtype(op: str, dtype: "torch.dtype") -> None:
+def check_dtype(op: str, dtype: torch.dtype) -> None:
     """The Triton kernels take real dtypes; complex recurrences run on the compiled kernels."""
     if dtype.is_complex:
         raise TypeError(

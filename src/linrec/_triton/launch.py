@@ -1,7 +1,12 @@
 """Host side of the Triton backend: the implementations of ``linrec::triton_forward`` and
 ``linrec::triton_backward``. Each maps its operands onto the kernels' four-dim view (layout.py),
 picks a tile (configs.py) and launches one kernel. Arguments arrive checked by the API or the fake
-kernels' checks; what is checked here is what only the Triton backend needs."""
+kernels' checks; what is checked here is what only the Triton backend needs.
+
+Mixed precision (float32 coeffs or initial with 16-bit inputs) converts nothing: the kernels read every
+operand through its own pointer into the accumulator type (float32 for 16-bit inputs) and store each
+gradient in its buffer's dtype, which is allocated here in its argument's. The tile and the compensated
+products follow the inputs' dtype."""
 
 from __future__ import annotations
 
@@ -275,7 +280,7 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
     packed = cu_seqlens is not None
     full_coeffs = coeffs.shape == shape
     d_inputs = torch.empty_like(outputs)
-    d_coeffs = torch.empty_like(outputs) if full_coeffs else coeffs.new_empty(coeffs.shape)
+    d_coeffs = torch.empty_like(outputs, dtype=coeffs.dtype) if full_coeffs else coeffs.new_empty(coeffs.shape)
     if initial is None:
         d_initial = d_outputs.new_zeros((0,))
     else:

@@ -17,7 +17,9 @@ constexpr int kChannelVectors = 16;
 // Steps ahead whose operands are prefetched in software, which made the strided steps faster still.
 constexpr int64_t kPrefetchSteps = 4;
 
-template <typename T, int Bytes, bool LogCoeffs>
+// T is the element type of inputs and outputs (and their gradients), C that of coeffs and initial (and
+// theirs: T, or float for 16-bit T, which shares T's accumulator).
+template <typename T, typename C, int Bytes, bool LogCoeffs>
 struct ChannelScan {
   using A = Acc<T>;
   using V = typename Vector<A, Bytes>::Values;
@@ -50,7 +52,9 @@ struct ChannelScan {
   static void prefetch_step(Channels<Pointer> operand, int64_t t, int64_t lo, int64_t hi, int channels) {
     if (t < lo || t >= hi || !operand.unit) return;
     const Pointer at = operand.data + t * operand.time_stride;
-    for (int lane = 0; lane < channels; lane += 64 / static_cast<int>(sizeof(T))) __builtin_prefetch(at + lane, Write);
+    // In the operand's own element type: float32 coefficients beside 16-bit inputs span twice the lines.
+    constexpr int kElementsPerLine = 64 / static_cast<int>(sizeof(*at));
+    for (int lane = 0; lane < channels; lane += kElementsPerLine) __builtin_prefetch(at + lane, Write);
   }
 
   static V coefficient(V stored) {
@@ -60,7 +64,7 @@ struct ChannelScan {
 
   // Steps [lo, hi) of `channels` neighbouring sequences (at most kLanesPerGroup), in reverse order
   // when `reverse`; `initial` (unit stride across channels) or none.
-  static void forward(Channels<const T*> inputs, Channels<const T*> coeffs, Channels<T*> outputs, const T* initial,
+  static void forward(Channels<const T*> inputs, Channels<const C*> coeffs, Channels<T*> outputs, const C* initial,
                       int channels, int64_t lo, int64_t hi, bool reverse) {
     if (hi <= lo) return;
     V state[kChannelVectors];
@@ -93,8 +97,8 @@ struct ChannelScan {
   }
 
   // The gradients of forward() (the recurrence in params.h's BackwardParams), against its order.
-  static void backward(Channels<const T*> d_outputs, Channels<const T*> coeffs, Channels<const T*> outputs,
-                       Channels<T*> d_inputs, Channels<T*> d_coeffs, const T* initial, T* d_initial, int channels,
+  static void backward(Channels<const T*> d_outputs, Channels<const C*> coeffs, Channels<const T*> outputs,
+                       Channels<T*> d_inputs, Channels<C*> d_coeffs, const C* initial, C* d_initial, int channels,
                        int64_t lo, int64_t hi, bool reverse) {
     if (hi <= lo) return;
     V d_state[kChannelVectors], next_coeff[kChannelVectors];

@@ -81,12 +81,17 @@ struct SpanMap {
 // What a pass over a span does: write outputs, compose the span's map, or both.
 enum Pass { kScan = 1, kMap = 2, kScanAndMap = 3 };
 
-// The kernels of one element type, vector width, scan order and coefficient encoding.
-template <typename T, int Bytes, Order O, bool LogCoeffs>
+// The kernels of one element type T of inputs and outputs (and their gradients), element type C of
+// coeffs and initial (and theirs: T, or float for 16-bit T, which shares T's accumulator), vector
+// width, scan order and coefficient encoding.
+template <typename T, typename C, int Bytes, Order O, bool LogCoeffs>
 struct RowScan {
   using A = Acc<T>;
   using V = typename Vector<A, Bytes>::Values;
-  using Coeffs = Product<V, kCompensated<T>>;
+  // Compensated by the coefficients' type: float32 decays beside 16-bit inputs are there for decays
+  // near 1, whose products' rounding compounds as in float32. The forward then gives float32's outputs
+  // rounded to T, bit for bit where none overflows T.
+  using Coeffs = Product<V, kCompensated<C>>;
   static constexpr int W = Vector<A, Bytes>::kLanes;
   static constexpr int kLast = O == Order::Ascending ? W - 1 : 0;  // the lane scanned last
   // A stored coefficient that is the identity map's (1): pads lanes past a sequence's end.
@@ -144,8 +149,8 @@ struct RowScan {
     return static_cast<A>(row.data[row.unit ? index : 0]);
   }
 
-  template <bool Full>
-  static void store_row(T* row, V v, const Lanes& lanes) {
+  template <bool Full, typename Element>
+  static void store_row(Element* row, V v, const Lanes& lanes) {
     if constexpr (Full) store(row + lanes.base, v);
     else store(row + lanes.base + lanes.first, v, lanes.first, lanes.count);
   }
@@ -231,7 +236,7 @@ struct RowScan {
   // state: the span is the sequence's start and has no initial state, so its first element is its
   // input and its coefficient takes no part).
   template <Pass P>
-  static Map forward(Row<const T*> inputs, Row<const T*> coeffs, T* outputs, int64_t lo, int64_t hi, A state, bool fresh) {
+  static Map forward(Row<const T*> inputs, Row<const C*> coeffs, T* outputs, int64_t lo, int64_t hi, A state, bool fresh) {
     V out = splat<V>(state), map_state{};
     Coeffs map_coeff = identity_product();
     Windows before;
@@ -257,8 +262,8 @@ struct RowScan {
   // the element it scanned before t; the initial state, or no gradient, at the sequence's start),
   // times coeff(t) with log coefficients. `state` and `fresh` as for forward().
   template <Pass P>
-  static Map backward(Row<const T*> d_outputs, Row<const T*> coeffs, Row<const T*> outputs, T* d_inputs, T* d_coeffs,
-                      int64_t sequence_lo, int64_t sequence_hi, int64_t lo, int64_t hi, const T* initial, A state,
+  static Map backward(Row<const T*> d_outputs, Row<const C*> coeffs, Row<const T*> outputs, T* d_inputs, C* d_coeffs,
+                      int64_t sequence_lo, int64_t sequence_hi, int64_t lo, int64_t hi, const C* initial, A state,
                       bool fresh) {
     // Memory offset of the element the forward scanned after a given one (its coefficient multiplies
     // this element's gradient), and the forward's first element of the sequence.
