@@ -698,10 +698,10 @@ bool pair_channels(Params& params) {
 // more than the wider accesses gain (docs/design.md, Strided time).
 template <typename Params, typename Body>
 void dispatch_call(const Params& params, Body&& body) {
+  // The op layer runs float32 coeffs with 16-bit inputs in float32 (MixedPrecision::InFloat32).
   if (params.coeff_dtype != params.dtype)
-    throw std::invalid_argument(std::string("linrec: the CUDA kernels take coeffs and initial of the dtype of inputs (") +
-                                dtype_name(params.dtype) + "), got " + dtype_name(params.coeff_dtype) +
-                                "; pass them as " + dtype_name(params.dtype) + " or use backend='triton'");
+    throw std::invalid_argument(std::string("linrec: no CUDA kernel is compiled for ") + dtype_name(params.dtype) +
+                                " inputs with " + dtype_name(params.coeff_dtype) + " coefficients");
   const int multiprocessors = multiprocessor_count();
   dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
     const auto run = [&]<typename Element>(const Params& launched, const PipeConfig& config) {
