@@ -9,7 +9,6 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <algorithm>
-#include <array>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -92,18 +91,6 @@ inline void check_coeff_like(const char* op, const char* name, const Tensor& ten
 // `tensor` as `dtype`: itself where it has it, else a converted copy (exact: 16-bit to float32 only).
 inline Tensor converted(const Tensor& tensor, torch::headeronly::ScalarType dtype) {
   return tensor.scalar_type() == dtype ? tensor : torch::stable::to(tensor, dtype);
-}
-
-// An uninitialized tensor laid out like `like` (its strides, where it is dense) of another dtype.
-inline Tensor empty_like(const Tensor& like, torch::headeronly::ScalarType dtype) {
-  std::array<StableIValue, 6> stack{torch::stable::detail::from(like),
-                                    torch::stable::detail::from(std::optional<torch::headeronly::ScalarType>(dtype)),
-                                    torch::stable::detail::from(std::nullopt),
-                                    torch::stable::detail::from(std::nullopt),
-                                    torch::stable::detail::from(std::nullopt),
-                                    torch::stable::detail::from(std::nullopt)};
-  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::empty_like", "", stack.data(), TORCH_ABI_VERSION));
-  return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
 inline void check_shape(const char* op, const char* name, const Tensor& tensor, const std::vector<int64_t>& expected,
@@ -350,6 +337,13 @@ Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool 
   return outputs;
 }
 
+// An uninitialized per-element gradient in `dtype`, laid out like `outputs` (its strides, where it is
+// dense). Of another dtype than outputs' (mixed precision), it is converted from an empty_like, whose
+// conversion keeps the strides: the stable ABI of torch 2.10 has no empty_like taking a dtype.
+inline Tensor per_element_like(const Tensor& outputs, torch::headeronly::ScalarType dtype) {
+  return converted(torch::stable::empty_like(outputs), dtype);
+}
+
 // The dtype in which broadcast coefficients' gradients are summed: float32 for the 16-bit types.
 inline torch::headeronly::ScalarType sum_dtype(const Tensor& tensor) {
   using torch::headeronly::ScalarType;
@@ -400,7 +394,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   // kernel: a zeroed buffer of the sum's dtype in coeffs' shape. Zeros where no element exists to
   // contribute (an empty time dim under coeffs that broadcast along it).
   Tensor d_coeffs = in_kernel ? torch::stable::new_zeros(read_coeffs, coeff_sizes, sum_dtype(read_coeffs))
-                    : broadcast || coeff_sizes == args.sizes ? empty_like(outputs, args.coeff_type)
+                    : broadcast || coeff_sizes == args.sizes ? per_element_like(outputs, args.coeff_type)
                     : d_outputs.numel() == 0                 ? torch::stable::new_zeros(read_coeffs, coeff_sizes)
                                                              : torch::stable::new_empty(read_coeffs, coeff_sizes);
 
