@@ -42,7 +42,6 @@ void dispatch_dtypes(DType dtype, DType coeff_dtype, Body&& body) {
   });
 }
 
-
 // Calls body.template operator()<Config>() for the entry of Configs equal to `config`; throws,
 // naming the requested config, when it is not compiled in.
 template <auto Configs, typename Config, typename Body>

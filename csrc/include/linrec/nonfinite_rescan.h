@@ -53,7 +53,7 @@ LINREC_HOST_DEVICE void sequential_scan(const BackwardParams& params, const int6
 
 // Rescans packed sequence `segment` of row `row` from its first non-finite result, if it has one. C is
 // the element type of coeffs and initial (sequential_scan.h).
-template <typename T, typename C = T, typename Params>
+template <typename T, typename C, typename Params>
 LINREC_HOST_DEVICE void rescan_segment(const Params& params, int64_t row, int64_t segment) {
   const T* results = params.shape.template row_pointers<T>(row, rescanned(params)).at[0];
   const int64_t first = steps_before_nonfinite(results, rescanned(params).time_stride, params.boundary(segment),

@@ -93,6 +93,10 @@ inline Tensor converted(const Tensor& tensor, torch::headeronly::ScalarType dtyp
   return tensor.scalar_type() == dtype ? tensor : torch::stable::to(tensor, dtype);
 }
 
+inline OptionalTensor converted(const OptionalTensor& tensor, torch::headeronly::ScalarType dtype) {
+  return tensor ? OptionalTensor(converted(*tensor, dtype)) : std::nullopt;
+}
+
 inline void check_shape(const char* op, const char* name, const Tensor& tensor, const std::vector<int64_t>& expected,
                         const char* what) {
   LINREC_CHECK(sizes_of(tensor) == expected, op, ": ", name, " must have shape ", shape_string(expected), " (", what,
@@ -105,10 +109,13 @@ struct Arguments {
   std::vector<int64_t> sizes;          // of inputs (d_outputs in the backward)
   std::vector<int64_t> initial_sizes;  // what initial must be: sizes without time, dim 0 counting packed sequences
   DType dtype = DType::Float32;
-  // The dtype the kernels read coeffs and initial in (SequenceLayout::coeff_dtype): inputs', or float32
-  // where inputs are 16-bit and coeffs or initial are float32 (the other one is then converted, exactly).
-  torch::headeronly::ScalarType coeff_type = torch::headeronly::ScalarType::Float;
-  DType coeff_dtype = DType::Float32;
+  // Mixed precision: inputs are 16-bit and coeffs or initial float32. The kernels then read both in
+  // float32 (SequenceLayout::coeff_dtype), the other one converted, exactly; else in inputs' dtype.
+  bool mixed = false;
+
+  torch::headeronly::ScalarType coeff_type(const Tensor& values) const {
+    return mixed ? torch::headeronly::ScalarType::Float : values.scalar_type();
+  }
 };
 
 // Checks `values` (inputs or d_outputs), coeffs, dim, initial, cu_seqlens and log_coeffs together.
@@ -175,10 +182,8 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
                 cu_seqlens ? "the shape of inputs without the time dim, dim 0 counting the cu_seqlens sequences"
                            : "the shape of inputs without the time dim");
   }
-  const bool mixed = coeffs.scalar_type() != values.scalar_type() ||
-                     (initial && initial->scalar_type() != values.scalar_type());
-  args.coeff_type = mixed ? torch::headeronly::ScalarType::Float : values.scalar_type();
-  args.coeff_dtype = mixed ? DType::Float32 : args.dtype;
+  args.mixed = coeffs.scalar_type() != values.scalar_type() ||
+               (initial && initial->scalar_type() != values.scalar_type());
   return args;
 }
 
@@ -274,7 +279,7 @@ inline void set_options(SequenceLayout& layout, const Arguments& args, bool reve
                op, ": threads_per_sequence and vectors_per_thread must both be 0 (automatic) or both positive, got ",
                threads_per_sequence, " and ", vectors_per_thread);
   layout.dtype = args.dtype;
-  layout.coeff_dtype = args.coeff_dtype;
+  layout.coeff_dtype = args.mixed ? DType::Float32 : args.dtype;
   layout.reverse = reverse;
   layout.log_coeffs = log_coeffs;
   if (cu_seqlens) {
@@ -302,10 +307,6 @@ inline Tensor sum_to(const Tensor& gradient, const Tensor& coeffs) {
 // the same answer, at the cost of the conversions.
 enum class MixedPrecision { InKernel, InFloat32 };
 
-inline OptionalTensor converted(const OptionalTensor& tensor, torch::headeronly::ScalarType dtype) {
-  return tensor ? OptionalTensor(converted(*tensor, dtype)) : std::nullopt;
-}
-
 // Launch(params, like): runs the kernel on the device of `like`.
 template <void (*Launch)(const ForwardParams&, const Tensor&), MixedPrecision Mixed = MixedPrecision::InKernel>
 Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool reverse, const OptionalTensor& initial,
@@ -313,7 +314,7 @@ Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool 
                   int64_t vectors_per_thread) {
   constexpr const char* op = "linrec.forward";
   const Arguments args = check_arguments(op, "inputs", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
-  if (Mixed == MixedPrecision::InFloat32 && args.coeff_dtype != args.dtype) {
+  if (Mixed == MixedPrecision::InFloat32 && args.mixed) {
     constexpr auto kFloat = torch::headeronly::ScalarType::Float;
     return converted(forward_op<Launch>(converted(inputs, kFloat), converted(coeffs, kFloat), dim, reverse,
                                         converted(initial, kFloat), cu_seqlens, log_coeffs, threads_per_sequence,
@@ -323,8 +324,8 @@ Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool 
   // Same strides as inputs where inputs are dense; no copy of any operand is made but the one of coeffs
   // or initial that mixed precision converts to the other's float32.
   Tensor outputs = torch::stable::empty_like(inputs);
-  const Tensor read_coeffs = converted(coeffs, args.coeff_type);
-  const OptionalTensor read_initial = initial ? OptionalTensor(converted(*initial, args.coeff_type)) : std::nullopt;
+  const Tensor read_coeffs = converted(coeffs, args.coeff_type(inputs));
+  const OptionalTensor read_initial = converted(initial, args.coeff_type(inputs));
 
   ForwardParams params;
   set_options(params, args, reverse, cu_seqlens, log_coeffs, op, threads_per_sequence, vectors_per_thread);
@@ -338,9 +339,11 @@ Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool 
 }
 
 // An uninitialized per-element gradient in `dtype`, laid out like `outputs` (its strides, where it is
-// dense). Of another dtype than outputs' (mixed precision), it is converted from an empty_like, whose
-// conversion keeps the strides: the stable ABI of torch 2.10 has no empty_like taking a dtype.
+// dense). The stable ABI of torch 2.10 has no empty_like taking a dtype: a contiguous one is allocated
+// directly, another layout converted from an empty_like, whose conversion keeps its strides.
 inline Tensor per_element_like(const Tensor& outputs, torch::headeronly::ScalarType dtype) {
+  if (outputs.scalar_type() != dtype && outputs.is_contiguous())
+    return torch::stable::new_empty(outputs, sizes_of(outputs), dtype);
   return converted(torch::stable::empty_like(outputs), dtype);
 }
 
@@ -369,7 +372,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   const Arguments args = check_arguments(op, "d_outputs", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
   check_like(op, "outputs", outputs, "d_outputs", d_outputs);
   check_shape(op, "outputs", outputs, args.sizes, "the shape of d_outputs");
-  if (Mixed == MixedPrecision::InFloat32 && args.coeff_dtype != args.dtype) {
+  if (Mixed == MixedPrecision::InFloat32 && args.mixed) {
     constexpr auto kFloat = torch::headeronly::ScalarType::Float;
     auto [d_inputs, d_coeffs, d_initial] = backward_op<Launch, Sum>(
         converted(d_outputs, kFloat), converted(coeffs, kFloat), converted(outputs, kFloat), dim, reverse,
@@ -377,14 +380,15 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
     return {converted(d_inputs, d_outputs.scalar_type()), converted(d_coeffs, coeffs.scalar_type()),
             initial ? converted(d_initial, initial->scalar_type()) : converted(d_initial, d_outputs.scalar_type())};
   }
-  const Tensor read_coeffs = converted(coeffs, args.coeff_type);
-  const OptionalTensor read_initial = initial ? OptionalTensor(converted(*initial, args.coeff_type)) : std::nullopt;
+  const auto coeff_type = args.coeff_type(d_outputs);
+  const Tensor read_coeffs = converted(coeffs, coeff_type);
+  const OptionalTensor read_initial = converted(initial, coeff_type);
   // Laid out like outputs (inputs' layout): d_outputs is often an expanded or otherwise odd gradient.
   Tensor d_inputs = torch::stable::empty_like(outputs);
   // Zeros: packed sequences of length 0 have no element to compute their gradient from.
   Tensor d_initial =
       torch::stable::new_zeros(d_outputs, initial ? args.initial_sizes : std::vector<int64_t>{0},
-                               initial ? args.coeff_type : d_outputs.scalar_type());
+                               initial ? coeff_type : d_outputs.scalar_type());
   const std::vector<int64_t> coeff_sizes = sizes_of(coeffs);
   // Broadcast along a dim of size > 1: elements share a coefficient, and its gradient is their sum.
   const bool broadcast = coeffs.numel() < d_outputs.numel();
@@ -394,7 +398,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   // kernel: a zeroed buffer of the sum's dtype in coeffs' shape. Zeros where no element exists to
   // contribute (an empty time dim under coeffs that broadcast along it).
   Tensor d_coeffs = in_kernel ? torch::stable::new_zeros(read_coeffs, coeff_sizes, sum_dtype(read_coeffs))
-                    : broadcast || coeff_sizes == args.sizes ? per_element_like(outputs, args.coeff_type)
+                    : broadcast || coeff_sizes == args.sizes ? per_element_like(outputs, coeff_type)
                     : d_outputs.numel() == 0                 ? torch::stable::new_zeros(read_coeffs, coeff_sizes)
                                                              : torch::stable::new_empty(read_coeffs, coeff_sizes);
 
