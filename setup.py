@@ -135,7 +135,22 @@ class BuildNativeLibraries(build_ext):
         info_path.write_text(json.dumps(self.build_info, indent=2) + "\n")
         _log(f"wrote {info_path}")
 
-    def build_extension(self, ext: NativeLibrary) -> None:
+    def build_extensions(self) -> None:
+        # Every source of every library compiles in one pool, the CUDA sources (the longest) first, so
+        # that the CPU and CUDA libraries build side by side; then each library links.
+        self.check_extensions_list(self.extensions)
+        libraries = [self._library_plan(ext) for ext in self.extensions]
+        compiles = sorted(((source, command) for _, commands, _ in libraries for source, command in commands),
+                          key=lambda compile: not compile[0].endswith(".cu"))
+        jobs = int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            list(pool.map(_run, (command for _, command in compiles)))
+        for output, _, link in libraries:
+            _run(link)
+            _log(f"built {output}")
+
+    def _library_plan(self, ext: NativeLibrary) -> tuple[Path, list[tuple[str, list[str]]], list[str]]:
+        """The library's output path, its (source, compile command) pairs and its link command."""
         torch_include, torch_lib = _torch_paths()
         output = Path(self.get_ext_fullpath(ext.name))
         objects_dir = Path(self.build_temp) / ext.name
@@ -174,7 +189,8 @@ class BuildNativeLibraries(build_ext):
         else:
             link_flags += ["-ltorch_cpu"]
 
-        def compile_source(source: str) -> str:
+        objects, compiles = [], []
+        for source in ext.sources:
             obj = objects_dir / (Path(source).name + ".o")
             if source.endswith(".cu"):
                 lineinfo = ["-lineinfo"] if os.environ.get("LINREC_LINEINFO", "0") not in ("", "0") else []
@@ -183,16 +199,14 @@ class BuildNativeLibraries(build_ext):
                            *cuda_flags, *defines, *includes, "-c", source, "-o", str(obj)]
             else:
                 command = [cxx, *host_flags, *defines, *includes, "-c", source, "-o", str(obj)]
-            _log(" ".join(command))
-            subprocess.run(command, check=True, cwd=ROOT)
-            return str(obj)
+            compiles.append((source, command))
+            objects.append(str(obj))
+        return output, compiles, [cxx, *objects, *link_flags, "-o", str(output)]
 
-        jobs = int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            objects = list(pool.map(compile_source, ext.sources))
-        command = [cxx, *objects, *link_flags, "-o", str(output)]
-        _log(" ".join(command))
-        subprocess.run(command, check=True, cwd=ROOT)
+
+def _run(command: list[str]) -> None:
+    _log(" ".join(command))
+    subprocess.run(command, check=True, cwd=ROOT)
 
 
 class PlatformWheel(bdist_wheel):
@@ -207,7 +221,8 @@ class PlatformWheel(bdist_wheel):
 
 
 def native_libraries() -> list[NativeLibrary]:
-    libraries = [NativeLibrary("linrec._C", ["csrc/kernels/schemas.cpp", "csrc/kernels/cpu/linrec_cpu.cpp"],
+    libraries = [NativeLibrary("linrec._C", ["csrc/kernels/schemas.cpp", "csrc/kernels/cpu/linrec_cpu.cpp",
+                                                "csrc/kernels/cpu/forward.cpp", "csrc/kernels/cpu/backward.cpp"],
                                uses_cuda=False)]
     if os.environ.get("LINREC_NO_CUDA", "0") not in ("", "0"):
         _log("LINREC_NO_CUDA is set: building the CPU kernels only")

@@ -152,8 +152,13 @@ def test_references_against_the_loop(device, problem):
     kernels do before their rescan, and follow the loop up to rounding there."""
     problem = dict(problem, regime="normal", dtype=torch.float64)
     inputs, coeffs, kwargs = materialize(problem)
-    for backend in ("hop", "heinsen"):
+    # Products composed in a tree lose more than the loop's float64 rounding. Log space more: its
+    # gradients pass through exponentials of prefix sums of logs, and on CUDA they differ from run to
+    # run by up to 2e-9 of their largest value (1e-6 bounds that, far below a formula's error).
+    for backend, tolerance_factor in (("hop", 1e3), ("heinsen", 1e6)):
         if backend == "heinsen" and (problem["log_coeffs"] or (coeffs == 0).any()):
             continue  # log space: zero coefficients are -inf logs, whose gradient is not the loop's
-        # Products composed in a tree (and logs) lose more than the loop's float64 rounding.
-        check(inputs, coeffs, device, backend=backend, tolerance_factor=1e3, **kwargs)
+        try:
+            check(inputs, coeffs, device, backend=backend, tolerance_factor=tolerance_factor, **kwargs)
+        except AssertionError as error:
+            raise AssertionError(f"backend={backend!r}: {error}") from None

@@ -215,8 +215,9 @@ def test_derivatives_of_every_order(device, seed, dtype, float32_args, backend):
     dtypes = tuple(t.dtype for t in primals)
 
     def derivatives(backend, primals, tangents, samples):
-        def recurrence(inputs, coeffs, initial):
-            return linrec.linrec(inputs, coeffs, initial=initial, **kwargs, backend=backend)
+        def recurrence(inputs, coeffs, initial):  # the offsets on the device of the call
+            packing = dict(kwargs, cu_seqlens=kwargs["cu_seqlens"].to(inputs.device))
+            return linrec.linrec(inputs, coeffs, initial=initial, **packing, backend=backend)
 
         # Means, not sums: the second derivatives of sums over shared coefficients pass float16's range.
         def loss(*tensors):

@@ -205,13 +205,7 @@ def test_exact_zero_and_one(device, seed, dtype):
     check(inputs, coeffs, device, reverse=True)
 
 
-_TRITON_GPU_FAILS = pytest.mark.xfail(
-    reason="fails with the compiled Triton kernels on an H100 (passes through the interpreter); not yet diagnosed",
-    strict=False)
-
-
-@pytest.mark.parametrize("triton_device", [TRITON_DEVICES[0], pytest.param(
-    TRITON_DEVICES[1].values[0], marks=[*TRITON_DEVICES[1].marks, _TRITON_GPU_FAILS])])
+@pytest.mark.parametrize("triton_device", TRITON_DEVICES)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_triton_follows_the_loop(triton_device, seed, reverse):
     """The Triton kernels: infinity kept, NaN spread, resets that isolate packed sequences, split rows."""

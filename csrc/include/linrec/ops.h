@@ -302,25 +302,13 @@ inline Tensor sum_to(const Tensor& gradient, const Tensor& coeffs) {
   return torch::stable::reshape(summed, sizes_of(coeffs));
 }
 
-// Whether a device's kernels read float32 coeffs and initial with 16-bit inputs (SequenceLayout::coeff_dtype).
-// Where they do not, such calls run in float32 throughout, their results rounded to each argument's dtype:
-// the same answer, at the cost of the conversions.
-enum class MixedPrecision { InKernel, InFloat32 };
-
 // Launch(params, like): runs the kernel on the device of `like`.
-template <void (*Launch)(const ForwardParams&, const Tensor&), MixedPrecision Mixed = MixedPrecision::InKernel>
+template <void (*Launch)(const ForwardParams&, const Tensor&)>
 Tensor forward_op(const Tensor& inputs, const Tensor& coeffs, int64_t dim, bool reverse, const OptionalTensor& initial,
                   const OptionalTensor& cu_seqlens, bool log_coeffs, int64_t threads_per_sequence,
                   int64_t vectors_per_thread) {
   constexpr const char* op = "linrec.forward";
   const Arguments args = check_arguments(op, "inputs", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
-  if (Mixed == MixedPrecision::InFloat32 && args.mixed) {
-    constexpr auto kFloat = torch::headeronly::ScalarType::Float;
-    return converted(forward_op<Launch>(converted(inputs, kFloat), converted(coeffs, kFloat), dim, reverse,
-                                        converted(initial, kFloat), cu_seqlens, log_coeffs, threads_per_sequence,
-                                        vectors_per_thread),
-                     inputs.scalar_type());
-  }
   // Same strides as inputs where inputs are dense; no copy of any operand is made but the one of coeffs
   // or initial that mixed precision converts to the other's float32.
   Tensor outputs = torch::stable::empty_like(inputs);
@@ -362,8 +350,7 @@ enum class CoeffGradientSum {
 
 // Returns (d_inputs, d_coeffs, d_initial). d_coeffs has coeffs' shape (summed over the dims coeffs
 // are broadcast along); d_initial has initial's shape, or is empty without an initial state.
-template <void (*Launch)(const BackwardParams&, const Tensor&), CoeffGradientSum Sum,
-          MixedPrecision Mixed = MixedPrecision::InKernel>
+template <void (*Launch)(const BackwardParams&, const Tensor&), CoeffGradientSum Sum>
 std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Tensor& coeffs, const Tensor& outputs,
                                                int64_t dim, bool reverse, const OptionalTensor& initial,
                                                const OptionalTensor& cu_seqlens, bool log_coeffs,
@@ -372,14 +359,6 @@ std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& d_outputs, const Te
   const Arguments args = check_arguments(op, "d_outputs", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs);
   check_like(op, "outputs", outputs, "d_outputs", d_outputs);
   check_shape(op, "outputs", outputs, args.sizes, "the shape of d_outputs");
-  if (Mixed == MixedPrecision::InFloat32 && args.mixed) {
-    constexpr auto kFloat = torch::headeronly::ScalarType::Float;
-    auto [d_inputs, d_coeffs, d_initial] = backward_op<Launch, Sum>(
-        converted(d_outputs, kFloat), converted(coeffs, kFloat), converted(outputs, kFloat), dim, reverse,
-        converted(initial, kFloat), cu_seqlens, log_coeffs, threads_per_sequence, vectors_per_thread);
-    return {converted(d_inputs, d_outputs.scalar_type()), converted(d_coeffs, coeffs.scalar_type()),
-            initial ? converted(d_initial, initial->scalar_type()) : converted(d_initial, d_outputs.scalar_type())};
-  }
   const auto coeff_type = args.coeff_type(d_outputs);
   const Tensor read_coeffs = converted(coeffs, coeff_type);
   const OptionalTensor read_initial = converted(initial, coeff_type);

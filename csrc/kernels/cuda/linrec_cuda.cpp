@@ -47,7 +47,6 @@ void launch_backward_cuda(const BackwardParams& params, const Tensor& like) {
 
 STABLE_TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
   using namespace linrec;
-  m.impl("forward", TORCH_BOX((&forward_op<launch_forward_cuda, MixedPrecision::InFloat32>)));
-  m.impl("backward",
-         TORCH_BOX((&backward_op<launch_backward_cuda, CoeffGradientSum::InKernel, MixedPrecision::InFloat32>)));
+  m.impl("forward", TORCH_BOX(&forward_op<launch_forward_cuda>));
+  m.impl("backward", TORCH_BOX((&backward_op<launch_backward_cuda, CoeffGradientSum::InKernel>)));
 }

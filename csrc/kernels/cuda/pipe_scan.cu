@@ -106,13 +106,14 @@ constexpr Access kChainedAlignedAccess = sizeof(T) >= sizeof(float) ? Access::Co
 // kernel is one, packed or not (docs/design.md, Broadcast coefficients and packed sequences).
 enum class Variant : int8_t { Plain, Packed, Summing };
 
-// Whether the kernels of `config` (the backward's in `variant`) are compiled for T: all configs but the
-// chained aligned access of the other types; for channel pairs, the strided pipe. The Packed and
-// Summing backward variants take one row tile of the pipes over time-contiguous rows, the largest:
-// every variant of every tile shape in every dtype multiplies the device code, which the release wheel
-// holds for six GPU architectures (docs/design.md, Code size). Short packed rows, or short rows that
-// share their coefficients, run that tile.
-template <typename T>
+// Whether the kernels of `config` (the backward's in `variant`) are compiled for inputs of T and
+// coefficients of C: all configs but the chained aligned access of the other types; for channel pairs,
+// the strided pipe. The Packed and Summing backward variants, and mixed precision (C float beside
+// 16-bit T), take one row tile of the pipes over time-contiguous rows, the largest: every variant of
+// every tile shape in every dtype multiplies the device code, which the release wheel holds for six GPU
+// architectures (docs/design.md, Code size). Short packed rows, short rows that share their
+// coefficients, and short mixed rows run that tile.
+template <typename T, typename C>
 constexpr bool compiled_for(const PipeConfig& config, Variant variant = Variant::Plain) {
   if (is_channel_pair<T>::value) return config.access == Access::Strided && config.schedule == Schedule::Pipe;
   const bool chained_aligned = config.schedule == Schedule::Chained &&
@@ -122,7 +123,7 @@ constexpr bool compiled_for(const PipeConfig& config, Variant variant = Variant:
                               !config.broadcast &&
                               (config.threads_per_sequence != kTileShapes.back()[0] ||
                                config.vectors_per_thread != kTileShapes.back()[1]);
-  return variant == Variant::Plain || !small_row_tile;
+  return (variant == Variant::Plain && std::is_same_v<T, C>) || !small_row_tile;
 }
 
 // Below these counts of sequences (time-contiguous) or 32-channel groups (strided) per SM, the
@@ -208,8 +209,10 @@ struct NoStorage {};
 // What both pipe kernels share: the thread's sequence and rank in the sequence's segment, the tiles
 // it scans (all of its row's, or its block's one chunk), the prefix hook, and the scan and memory
 // primitives with their shared memory. ScanReverse is the direction of the scan this kernel runs (the
-// backward runs against the forward op's direction).
-template <typename T, PipeConfig Config, bool ScanReverse>
+// backward runs against the forward op's direction). Inputs, outputs and their gradients are of T;
+// coefficients, initial states and their gradients of C: T, or float beside 16-bit T (mixed precision),
+// whose products are then composed as float32's are.
+template <typename T, typename C, PipeConfig Config, bool ScanReverse>
 struct PipeThread {
   using Acc = accumulator_t<T>;
   static constexpr bool kStrided = Config.access == Access::Strided;
@@ -228,18 +231,22 @@ struct PipeThread {
   static constexpr int kSegmentLanes =
       kStrided ? 1 : (Config.threads_per_sequence < kWarp ? Config.threads_per_sequence : kWarp);
   static constexpr int kSegmentWarps = Config.threads_per_sequence / kSegmentLanes;
-  using Scan = TileScan<kSegmentLanes, kSegmentWarps, kItems, ScanReverse, kCompensated<T>>;
+  using Scan = TileScan<kSegmentLanes, kSegmentWarps, kItems, ScanReverse, kCompensated<C>>;
   using IO = TileIO<T, Config.threads_per_sequence, block_threads(Config), kItems, Config.access>;
+  using CoeffIO = TileIO<C, Config.threads_per_sequence, block_threads(Config), kItems, Config.access>;
   // The look-back's window scan (lookback.h): the first warp, a chunk a lane, for time-contiguous
   // rows; the block arranged like the tile, 4 chunks a thread, for strided time.
   static constexpr int kWindowItems = kStrided ? 4 : 1;
   static constexpr int kLookBackThreads = kStrided ? block_threads(Config) : kWarp;
-  using WindowScan = std::conditional_t<kStrided, TileScan<kSegmentLanes, kSegmentWarps, kWindowItems, false, kCompensated<T>>,
-                                        TileScan<kWarp, 1, kWindowItems, false, kCompensated<T>>>;
+  using WindowScan = std::conditional_t<kStrided, TileScan<kSegmentLanes, kSegmentWarps, kWindowItems, false, kCompensated<C>>,
+                                        TileScan<kWarp, 1, kWindowItems, false, kCompensated<C>>>;
   using Chain = ChainedPrefix<Acc, kChained ? kSequencesPerBlock : 1, WindowScan, kWindowItems, kLookBackThreads>;
   struct Storage {
     typename Scan::template Storage<Acc> scan;
-    typename IO::Storage io;
+    union {  // the two move their tiles one after the other, each ending on a barrier
+      typename IO::Storage io;
+      typename CoeffIO::Storage coeff_io;
+    };
     std::conditional_t<kChained, typename Chain::Storage, NoStorage> chain;
     bool flagged[kSequencesPerBlock];  // Pipe: the sequences a thread wrote a non-finite result of
     bool last;                         // Chained: whether this block is its group's last to finish
@@ -257,6 +264,7 @@ struct PipeThread {
                                 // shuffles and barriers, with length 0
   const int64_t length;         // of this thread's row
   const IO io;
+  const CoeffIO coeff_io;
 
   __device__ __forceinline__ PipeThread(Storage& storage_, const SequenceLayout& layout)
       : scan_storage(storage_.scan),
@@ -269,7 +277,8 @@ struct PipeThread {
         sequence(sequence_of(layout)),
         active(sequence < layout.num_rows()),
         length(active ? layout.seq_len : 0),
-        io(storage_.io, rank, sequence_in_block) {}
+        io(storage_.io, rank, sequence_in_block),
+        coeff_io(storage_.coeff_io, rank, sequence_in_block) {}
 
   // This thread's sequence (past the last one for threads without a sequence), from the block and
   // thread indices: for uses after the scan loop, which a `sequence` kept live through it would cost
@@ -295,15 +304,23 @@ struct PipeThread {
       return Chain{storage.chain, layout.workspace, {num_groups, num_tiles}, group, chunk, sequence_in_block,
                    kStrided ? rank : static_cast<int>(threadIdx.x % kWarp), active};
     } else {
-      return RunningPrefix<Acc, kCompensated<T>>{};
+      return RunningPrefix<Acc, kCompensated<C>>{};
     }
   }
 
-  // This thread's row of each of `operands` (row 0 for inactive threads, which never access it).
-  template <typename Element = T, typename... Operands>
-  __device__ __forceinline__ RowPointers<Element, sizeof...(Operands)> rows(const SequenceLayout& layout,
-                                                                             const Operands&... operands) const {
-    return layout.shape.template row_pointers<Element>(active ? sequence : 0, operands...);
+  // Where this thread's row begins in each of `operands` (row 0 for inactive threads, which never
+  // access it), for Operand::row.
+  template <typename... Operands>
+  __device__ __forceinline__ RowOffsets<sizeof...(Operands)> row_offsets(const SequenceLayout& layout,
+                                                                         const Operands&... operands) const {
+    return layout.shape.row_offsets(active ? sequence : 0, operands...);
+  }
+
+  // The tile mover of an operand of element type Element (T or C).
+  template <typename Element>
+  __device__ __forceinline__ const auto& tile_io() const {
+    if constexpr (std::is_same_v<Element, T>) return io;
+    else return coeff_io;
   }
 
   // The time stride of an operand this kernel reads (possibly broadcast along time) and of one with
@@ -318,15 +335,22 @@ struct PipeThread {
     else return UnitStride{};
   }
 
-  // fetch() of a row of an operand this kernel reads.
-  __device__ __forceinline__ void fetch(const Operand& operand, const T* row, int64_t step, Acc (&items)[kItems],
-                                        Acc fill) const {
-    io.fetch(row, read_stride(operand), tile_begin(step), length, items, fill);
+  // fetch() of a row of an operand this kernel reads, then arrange() (TileIO) of what it fetched.
+  template <typename Element>
+  __device__ __forceinline__ void fetch(const Operand& operand, const Element* row, int64_t step,
+                                        Acc (&items)[kItems], Acc fill) const {
+    tile_io<Element>().fetch(row, read_stride(operand), tile_begin(step), length, items, fill);
+  }
+  template <typename Element>
+  __device__ __forceinline__ void arrange(Acc (&items)[kItems]) const {
+    tile_io<Element>().arrange(items);
   }
 
   // store() of a tile to a row of a full-shape operand.
-  __device__ __forceinline__ void store(const Operand& operand, T* row, int64_t step, const Acc (&items)[kItems]) const {
-    io.store(row, full_stride(operand), tile_begin(step), length, items);
+  template <typename Element>
+  __device__ __forceinline__ void store(const Operand& operand, Element* row, int64_t step,
+                                        const Acc (&items)[kItems]) const {
+    tile_io<Element>().store(row, full_stride(operand), tile_begin(step), length, items);
   }
 
   // The first element of the tile the scan reaches at `step`.
@@ -377,25 +401,26 @@ struct PipeThread {
       flagged = storage.flagged[sequence_in_block];
     }
     const int64_t row = sequence_of(params);
-    if (flagged && rank == 0 && row < params.num_rows()) linrec::rescan_nonfinite<T, T>(params, row);
+    if (flagged && rank == 0 && row < params.num_rows()) linrec::rescan_nonfinite<T, C>(params, row);
   }
 };
 
-template <typename T, typename PolicyT>
+template <typename T, typename C, typename PolicyT>
 __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_forward<T>(PolicyT::config))
     pipe_forward_kernel(const __grid_constant__ ForwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
-  using Thread = PipeThread<T, Config, Config.reverse>;
+  using Thread = PipeThread<T, C, Config, Config.reverse>;
   using Acc = typename Thread::Acc;
   constexpr int kItems = Thread::kItems;
   __shared__ typename Thread::Storage storage;
   const Thread thread(storage, params);
-  const typename Thread::IO& io = thread.io;
-  const auto [inputs, coeffs, outputs, initial_row] =
-      thread.rows(params, params.inputs, params.coeffs, params.outputs, params.initial).at;
+  const auto offsets = thread.row_offsets(params, params.inputs, params.coeffs, params.outputs, params.initial).at;
+  const T* const inputs = params.inputs.row<const T>(offsets[0]);
+  const C* const coeffs = params.coeffs.row<const C>(offsets[1]);
+  T* const outputs = params.outputs.row<T>(offsets[2]);
   const SequenceStarts<true> starts{params};
   // The initial states of the row's packed sequences (one without cu_seqlens), if any.
-  const T* initial = params.initial.data != nullptr && thread.active ? initial_row : nullptr;
+  const C* initial = params.initial.data != nullptr && thread.active ? params.initial.row<const C>(offsets[3]) : nullptr;
   // Past the row's end, coefficients are the identity's: 1 (log 1 = 0 with log_coeffs).
   const Acc coeff_fill = params.log_coeffs ? Acc(0) : Acc(1);
 
@@ -411,8 +436,8 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
   for (int64_t step = thread.first_step(); step < end_step; ++step) {
     const int64_t begin = thread.chunk_begin(step);
     if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff);
-    io.arrange(value);
-    io.arrange(coeff);
+    thread.template arrange<T>(value);
+    thread.template arrange<C>(coeff);
     // One uniform branch per tile for the flag, and per chunk a search for the sequence starts in it
     // (one compare without cu_seqlens): branches per item cost the loop a fifth of its speed.
     if (params.log_coeffs) exponentiate(coeff);
@@ -444,27 +469,30 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
 // op's direction, d_coeffs[l] = d_inputs[l] * conj(outputs[prev]) (outputs[prev] of the first element:
 // initial, or none), times coeffs[l] with log_coeffs, and d_initial = conj(coeffs[first]) * d_inputs[first].
 // The Summing variant sums d_coeffs into broadcast coeffs' shape (BackwardParams::sum_d_coeffs).
-template <typename T, typename PolicyT, Variant Kind>
+template <typename T, typename C, typename PolicyT, Variant Kind>
 __global__ void __launch_bounds__(block_threads(PolicyT::config))
     pipe_backward_kernel(const __grid_constant__ BackwardParams params) {
   constexpr PipeConfig Config = PolicyT::config;
   constexpr bool kForwardReverse = Config.reverse;
-  using Thread = PipeThread<T, Config, !kForwardReverse>;
+  using Thread = PipeThread<T, C, Config, !kForwardReverse>;
   using Acc = typename Thread::Acc;
   constexpr int kItems = Thread::kItems;
   __shared__ typename Thread::Storage storage;
   const Thread thread(storage, params);
-  const typename Thread::IO& io = thread.io;
   const int64_t length = thread.length;
-  const auto [d_outputs, coeffs, outputs, d_inputs, d_coeffs, initial_row, d_initial_row] =
-      thread.rows(params, params.d_outputs, params.coeffs, params.outputs, params.d_inputs, params.d_coeffs,
-                  params.initial, params.d_initial).at;
+  const auto offsets = thread.row_offsets(params, params.d_outputs, params.coeffs, params.outputs, params.d_inputs,
+                                          params.d_coeffs, params.initial, params.d_initial).at;
+  const T* const d_outputs = params.d_outputs.row<const T>(offsets[0]);
+  const C* const coeffs = params.coeffs.row<const C>(offsets[1]);
+  const T* const outputs = params.outputs.row<const T>(offsets[2]);
+  T* const d_inputs = params.d_inputs.row<T>(offsets[3]);
+  C* const d_coeffs = params.d_coeffs.row<C>(offsets[4]);
   // Where the forward op's recurrence starts over.
   const SequenceStarts<Kind == Variant::Packed || Kind == Variant::Summing> starts{params};
   constexpr bool sums = Kind == Variant::Summing;
   const bool has_initial = params.initial.data != nullptr && thread.active;
-  const T* initial = has_initial ? initial_row : nullptr;
-  T* const d_initial = has_initial ? d_initial_row : nullptr;
+  const C* initial = has_initial ? params.initial.row<const C>(offsets[5]) : nullptr;
+  C* const d_initial = has_initial ? params.d_initial.row<C>(offsets[6]) : nullptr;
   // Broadcast coefficients: their gradient is summed here, into coeffs' shape.
   using CoeffSum = CoeffGradientSum<Acc, Thread::kSegmentLanes, Thread::kSegmentWarps, kItems, block_threads(Config)>;
   [[maybe_unused]] const auto coeff_sum_row = [&params] {
@@ -495,9 +523,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   for (int64_t step = thread.first_step(); step < end_step; ++step) {
     const int64_t begin = thread.chunk_begin(step);
     if constexpr (!Thread::kPrefetch) fetch_tile(step, value, coeff, output, coeff_after, output_before);
-    io.arrange(value);
-    io.arrange(coeff);
-    io.arrange(output);
+    thread.template arrange<T>(value);
+    thread.template arrange<C>(coeff);
+    thread.template arrange<T>(output);
     // shifted_coeff: conj of the next coefficient in the forward direction; prev_output: the factor
     // that turns d_inputs into d_coeffs, conj(previous output) (times the coefficient with log_coeffs).
     if (params.log_coeffs) {
@@ -550,7 +578,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
                                             params.log_coeffs);
         #pragma unroll
         for (int i = 0; i < kItems; ++i)
-          if (begin + i == position) d_initial[segment * params.d_initial.segment_stride] = static_cast<T>(conj(start_coeff) * value[i]);
+          if (begin + i == position) d_initial[segment * params.d_initial.segment_stride] = static_cast<C>(conj(start_coeff) * value[i]);
       });
     }
     thread.store(params.d_inputs, d_inputs, step, value);
@@ -609,7 +637,7 @@ OperandSet operands_of(const BackwardParams& params) {
 // largest, looping); few long ones chained across blocks; Vectorized (pipes) or the chains' aligned
 // access where every row of every operand is aligned. A config forced in the params picks the tile
 // shape of the row kernels. Other strides take the strided kernels, piped or chained by the same rule.
-template <typename T>
+template <typename T, typename C>
 PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operands, Variant variant,
                          int multiprocessors) {
   bool time_last = true, broadcast = false, aligned = layout.seq_len * static_cast<int64_t>(sizeof(T)) % 16 == 0;
@@ -639,7 +667,7 @@ PipeConfig choose_config(const SequenceLayout& layout, const OperandSet& operand
     if (few_rows && layout.seq_len > tile_length<T>(chained)) return chained;
     for (const auto& [threads, vectors] : kTileShapes) {
       const PipeConfig pipe{threads, vectors, layout.reverse, access};
-      if (compiled_for<T>(pipe, variant) && tile_length<T>(pipe) >= layout.seq_len) return pipe;
+      if (compiled_for<T, C>(pipe, variant) && tile_length<T>(pipe) >= layout.seq_len) return pipe;
     }
     return PipeConfig{kTileShapes.back()[0], kTileShapes.back()[1], layout.reverse, access};
   }
@@ -691,47 +719,48 @@ bool pair_channels(Params& params) {
   return true;
 }
 
-// Calls body.template operator()<T, Config>(launched) with the element type, the config and the
-// params of a call: 16-bit types along strided time take channel pairs where the layout allows and
-// the call pipes. Pairs halve the channel groups, so that fewer blocks fill the GPU, each moving
-// twice the bytes an access; chained, a pair holds twice a float lane's look-back state, which costs
-// more than the wider accesses gain (docs/design.md, Strided time).
+// Calls body.template operator()<T, C, Config>(launched) with the element types of inputs and of
+// coefficients, the config and the params of a call: 16-bit types along strided time take channel
+// pairs where the layout allows, the call pipes and the coefficients are 16-bit too. Pairs halve the
+// channel groups, so that fewer blocks fill the GPU, each moving twice the bytes an access; chained, a
+// pair holds twice a float lane's look-back state, which costs more than the wider accesses gain
+// (docs/design.md, Strided time).
 template <typename Params, typename Body>
 void dispatch_call(const Params& params, Body&& body) {
-  // The op layer runs float32 coeffs with 16-bit inputs in float32 (MixedPrecision::InFloat32).
-  if (params.coeff_dtype != params.dtype)
-    throw std::invalid_argument(std::string("linrec: no CUDA kernel is compiled for ") + dtype_name(params.dtype) +
-                                " inputs with " + dtype_name(params.coeff_dtype) + " coefficients");
   const int multiprocessors = multiprocessor_count();
-  dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
-    const auto run = [&]<typename Element>(const Params& launched, const PipeConfig& config) {
+  dispatch_dtypes<__half, __nv_bfloat16>(params.dtype, params.coeff_dtype, [&]<typename T, typename C>() {
+    const auto run = [&]<typename Element, typename CoeffElement>(const Params& launched, const PipeConfig& config) {
       dispatch_config<kPipeConfigs>(config, [&]<PipeConfig Config>() {
-        if constexpr (compiled_for<Element>(Config)) body.template operator()<Element, Config>(launched);
-        else throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(Config) + " in this dtype");
+        if constexpr (compiled_for<Element, CoeffElement>(Config))
+          body.template operator()<Element, CoeffElement, Config>(launched);
+        else
+          throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(Config) + " with " +
+                                      dtype_name(params.dtype) + " inputs and " + dtype_name(params.coeff_dtype) +
+                                      " coefficients");
       });
     };
-    const PipeConfig config = choose_config<T>(params, operands_of(params), variant_of(params), multiprocessors);
-    if constexpr (sizeof(T) == 2) {
+    const PipeConfig config = choose_config<T, C>(params, operands_of(params), variant_of(params), multiprocessors);
+    if constexpr (sizeof(T) == 2 && std::is_same_v<T, C>) {
       Params paired = params;
       if (config.access == Access::Strided && config.schedule == Schedule::Pipe && pair_channels<T>(paired))
-        return run.template operator()<ChannelPair<T>>(paired, config);
+        return run.template operator()<ChannelPair<T>, ChannelPair<T>>(paired, config);
     }
-    run.template operator()<T>(params, config);
+    run.template operator()<T, C>(params, config);
   });
 }
 
 // Blocks of a launch: one per group of sequences (Pipe), one per chunk of every group (Chained).
-template <typename T, PipeConfig Config>
+template <typename T, typename C, PipeConfig Config>
 dim3 grid_for(const SequenceLayout& layout) {
-  const auto chain = PipeThread<T, Config, false>::chain_layout(layout);
+  const auto chain = PipeThread<T, C, Config, false>::chain_layout(layout);
   return dim3(static_cast<unsigned>(Config.schedule == Schedule::Chained ? chain.num_blocks() : chain.num_groups));
 }
 
 template <typename Params>
 int64_t pipe_workspace_bytes(const Params& params) {
   int64_t bytes = 0;
-  dispatch_call(params, [&]<typename T, PipeConfig Config>(const Params& launched) {
-    if constexpr (Config.schedule == Schedule::Chained) bytes = PipeThread<T, Config, false>::chain_layout(launched).bytes();
+  dispatch_call(params, [&]<typename T, typename C, PipeConfig Config>(const Params& launched) {
+    if constexpr (Config.schedule == Schedule::Chained) bytes = PipeThread<T, C, Config, false>::chain_layout(launched).bytes();
   });
   return bytes;
 }
@@ -754,19 +783,19 @@ int64_t workspace_bytes(const BackwardParams& params) {
 }
 
 void launch_pipe_forward(const ForwardParams& params, cudaStream_t stream) {
-  dispatch_call(params, [&]<typename T, PipeConfig Config>(const ForwardParams& launched) {
+  dispatch_call(params, [&]<typename T, typename C, PipeConfig Config>(const ForwardParams& launched) {
     check_workspace<Config>(launched);
-    pipe_forward_kernel<T, Policy<Config>><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
+    pipe_forward_kernel<T, C, Policy<Config>><<<grid_for<T, C, Config>(launched), block_threads(Config), 0, stream>>>(launched);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
-  dispatch_call(params, [&]<typename T, PipeConfig Config>(const BackwardParams& launched) {
+  dispatch_call(params, [&]<typename T, typename C, PipeConfig Config>(const BackwardParams& launched) {
     check_workspace<Config>(launched);
     const auto launch = [&]<Variant Kind>() {
-      if constexpr (compiled_for<T>(Config, Kind))
-        pipe_backward_kernel<T, Policy<Config>, Kind><<<grid_for<T, Config>(launched), block_threads(Config), 0, stream>>>(launched);
+      if constexpr (compiled_for<T, C>(Config, Kind))
+        pipe_backward_kernel<T, C, Policy<Config>, Kind><<<grid_for<T, C, Config>(launched), block_threads(Config), 0, stream>>>(launched);
       else
         throw std::invalid_argument("linrec: no backward kernel is compiled for config " + describe(Config) +
                                     " with packed sequences or a summed coefficient gradient (they take the largest row tile)");
@@ -781,7 +810,7 @@ void launch_pipe_backward(const BackwardParams& params, cudaStream_t stream) {
 }
 
 const void* probe_kernel() {
-  return reinterpret_cast<const void*>(pipe_forward_kernel<float, Policy<kPipeConfigs[0]>>);
+  return reinterpret_cast<const void*>(pipe_forward_kernel<float, float, Policy<kPipeConfigs[0]>>);
 }
 
 }  // namespace cuda

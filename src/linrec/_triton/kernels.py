@@ -311,9 +311,15 @@ def _coefficient_gradients(d_inputs, first, sequence, positions, mask, step_alon
 
 @triton.jit
 def _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED: tl.constexpr):
+    """[begin, end) along time of packed sequence ``sequence``, or of the whole row, as int64 either way:
+    the compiler requires one return type of every branch, and offsets may be int32 or int64."""
     if PACKED:
-        return tl.load(cu_seqlens_ptr + sequence), tl.load(cu_seqlens_ptr + sequence + 1)
-    return 0, length
+        begin = tl.load(cu_seqlens_ptr + sequence).to(tl.int64)
+        end = tl.load(cu_seqlens_ptr + sequence + 1).to(tl.int64)
+    else:
+        begin = tl.full([], 0, tl.int64)
+        end = begin + length
+    return begin, end
 
 
 @triton.jit
