@@ -9,8 +9,9 @@ CPU build of torch: torch.utils.cpp_extension.CUDAExtension would refuse it.
 
 Environment:
   LINREC_NO_CUDA=1        build the CPU kernels only
-  LINREC_CUDA_ARCHS=...   compute capabilities, ';'-separated, '+PTX' also embeds PTX
-                          (default "8.0;9.0;10.0;12.0+PTX")
+  LINREC_CUDA_ARCHS=...   compute capabilities, ';'-separated, '+PTX' also embeds PTX, e.g. the
+                          release wheels' "8.0;9.0;10.0;12.0+PTX" (default: those of the GPUs
+                          nvidia-smi lists on this machine; none listed: the CPU kernels only)
   CUDA_HOME               CUDA toolkit to use (else /usr/local/cuda, else the one nvcc on PATH is in)
   MAX_JOBS                parallel compile jobs (default: CPU count)
   LINREC_LOCAL_VERSION    a local version label for a wheel variant, e.g. cu12 -> 0.1.0+cu12
@@ -38,7 +39,6 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent.resolve()
 TORCH_TARGET_VERSION = "0x020a000000000000"  # torch 2.10: the oldest torch the built libraries load into
-DEFAULT_CUDA_ARCHS = "8.0;9.0;10.0;12.0+PTX"
 CXX_STD = "-std=c++20"
 
 
@@ -107,6 +107,16 @@ def nvcc_version(nvcc: Path) -> str:
     return match.group(1)
 
 
+def pipe_tile_shapes() -> dict[str, list[list[int]]]:
+    """The CUDA pipe family's tile shapes by kind (row, chained, strided), from the one list of them
+    (csrc/include/linrec/pipe/tile_shapes.inc), for the build record."""
+    text = (ROOT / "csrc" / "include" / "linrec" / "pipe" / "tile_shapes.inc").read_text()
+    shapes: dict[str, list[list[int]]] = {"row": [], "chained": [], "strided": []}
+    for kind, threads, vectors in re.findall(r"^LINREC_PIPE_(ROW|CHAINED|STRIDED)_TILE\((\d+), (\d+)\)", text, re.M):
+        shapes[kind.lower()].append([int(threads), int(vectors)])
+    return shapes
+
+
 class NativeLibrary(Extension):
     """A plain shared library (not a Python module) compiled from C++ and CUDA sources."""
 
@@ -169,10 +179,10 @@ class BuildNativeLibraries(build_ext):
         if ext.uses_cuda:
             cuda_home = find_cuda_home()
             nvcc = cuda_home / "bin" / "nvcc"
-            gencode, targets = cuda_gencode_flags(os.environ.get("LINREC_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
+            gencode, targets = cuda_gencode_flags(cuda_archs())
             _log(f"CUDA kernels for {','.join(targets)} with {nvcc}")
             cuda_release = nvcc_version(nvcc)
-            self.build_info.update(cuda=cuda_release, cuda_targets=targets)
+            self.build_info.update(cuda=cuda_release, cuda_targets=targets, pipe_tile_shapes=pipe_tile_shapes())
             # The fatbinary's device code compressed for size (nvcc >= 12.8): 5 times smaller than
             # nvcc 13.0's default, which keeps a wheel of 5 or 6 architectures under 30 MB.
             compress = ["--compress-mode=size"] if tuple(map(int, cuda_release.split("."))) >= (12, 8) else []
@@ -220,6 +230,27 @@ class PlatformWheel(bdist_wheel):
         return "py3", "none", super().get_tag()[2]
 
 
+def local_cuda_archs() -> str | None:
+    """The compute capabilities of the GPUs on this machine (nvidia-smi), ';'-separated, or None."""
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return None
+    try:
+        output = subprocess.run([nvidia_smi, "--query-gpu=compute_cap", "--format=csv,noheader"], check=True,
+                                capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    archs = sorted({line.strip() for line in output.splitlines() if re.fullmatch(r"\d+\.\d+", line.strip())})
+    return ";".join(archs) or None
+
+
+def cuda_archs() -> str | None:
+    """LINREC_CUDA_ARCHS, else the local GPUs' compute capabilities: a source build on a machine
+    compiles for its own GPUs (one architecture compiles in a fraction of the release wheels' time),
+    and a machine without a GPU has no use for CUDA kernels unless it builds them for others."""
+    return os.environ.get("LINREC_CUDA_ARCHS") or local_cuda_archs()
+
+
 def native_libraries() -> list[NativeLibrary]:
     libraries = [NativeLibrary("linrec._C", ["csrc/kernels/schemas.cpp", "csrc/kernels/cpu/linrec_cpu.cpp",
                                                 "csrc/kernels/cpu/forward.cpp", "csrc/kernels/cpu/backward.cpp"],
@@ -228,9 +259,12 @@ def native_libraries() -> list[NativeLibrary]:
         _log("LINREC_NO_CUDA is set: building the CPU kernels only")
     elif find_cuda_home() is None:
         _log("no CUDA toolkit found (set CUDA_HOME, or put nvcc on PATH): building the CPU kernels only")
+    elif cuda_archs() is None:
+        _log("no GPU found and LINREC_CUDA_ARCHS is not set: building the CPU kernels only "
+             "(LINREC_CUDA_ARCHS names the compute capabilities to build CUDA kernels for)")
     else:
         libraries.append(NativeLibrary(
-            "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/launch.cu",
+            "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/device.cu",
                                "csrc/kernels/cuda/pipe_scan.cu"],
             uses_cuda=True))
     return libraries

@@ -9,13 +9,14 @@ STABLE_TORCH_LIBRARY(linrec, m) {
   // cu_seqlens packs sequences along dim (batch dim 0 of size 1), restarting at each boundary, with
   // initial's dim 0 counting them; log_coeffs: coeffs hold log c.
   // threads_per_sequence and vectors_per_thread force the tile shape of the CUDA kernels for
-  // time-contiguous rows (for tuning; 256 and 4 chain a sequence across blocks; the CPU, strided time,
-  // packed sequences and operands broadcast along time ignore them); 0 and 0 choose one per shape.
+  // time-contiguous rows (for tuning: csrc/include/linrec/pipe/tile_shapes.inc lists them, the chained
+  // shape chaining a sequence's tiles across blocks; the CPU, strided time and operands broadcast
+  // along time ignore them); 0 and 0 choose one per shape.
   m.def("forward(Tensor inputs, Tensor coeffs, int dim=-1, bool reverse=False, Tensor? initial=None, "
         "Tensor? cu_seqlens=None, bool log_coeffs=False, int threads_per_sequence=0, int vectors_per_thread=0) "
         "-> Tensor");
   // Gradients of forward for the upstream gradient d_outputs, in one pass: (d_inputs, d_coeffs, d_initial),
-  // d_coeffs per element (inputs' shape), d_initial empty when initial is None.
+  // d_coeffs in coeffs' shape and dtype, d_initial in initial's (empty when initial is None).
   m.def("backward(Tensor d_outputs, Tensor coeffs, Tensor outputs, int dim=-1, bool reverse=False, "
         "Tensor? initial=None, Tensor? cu_seqlens=None, bool log_coeffs=False, int threads_per_sequence=0, "
         "int vectors_per_thread=0) -> (Tensor, Tensor, Tensor)");

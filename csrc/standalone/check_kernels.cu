@@ -191,14 +191,14 @@ void build_params(const Case& c, const Buffers& buffers, linrec::ForwardParams& 
   if (c.initial) backward.d_initial = state(c, buffers.d_initial);
 }
 
-// Launches with the workspace the kernel asks for, zeroed, as the op layer does.
+// Plans the call and launches it with the workspace the plan asks for, zeroed, as the op layer does.
 template <typename Params>
-void launch_with_workspace(Params& params, void (*launch)(const Params&, cudaStream_t)) {
-  const int64_t bytes = linrec::cuda::workspace_bytes(params);
-  auto workspace = allocate<char>(bytes);
-  LINREC_CUDA_CHECK(cudaMemset(workspace.get(), 0, bytes));
-  params.workspace = bytes > 0 ? workspace.get() : nullptr;
-  launch(params, nullptr);
+void launch_with_workspace(Params& params) {
+  const linrec::Plan plan = linrec::cuda::make_plan(params);
+  auto workspace = allocate<char>(plan.workspace_bytes);
+  LINREC_CUDA_CHECK(cudaMemset(workspace.get(), 0, plan.workspace_bytes));
+  params.workspace = plan.workspace_bytes > 0 ? workspace.get() : nullptr;
+  linrec::cuda::launch(plan, params, nullptr);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());  // before the buffer is freed
 }
 
@@ -247,8 +247,8 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
                forward, backward);
   forward.dtype = backward.dtype = dtype;
   forward.coeff_dtype = backward.coeff_dtype = dtype;
-  launch_with_workspace(forward, linrec::cuda::launch_forward);
-  launch_with_workspace(backward, linrec::cuda::launch_backward);
+  launch_with_workspace(forward);
+  launch_with_workspace(backward);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());
 
   bool ok = matches("outputs", download(device_outputs), outputs, dtype) &&

@@ -18,9 +18,9 @@ _BUILD_INFO = Path(__file__).parent / "_build_info.json"
 @cache
 def build_info() -> dict[str, Any]:
     """The build record: version, torch_target (the oldest torch the libraries load into),
-    built_with_torch, cuda (the toolkit's release, None for a CPU-only build) and cuda_targets
+    built_with_torch, cuda (the toolkit's release, None for a CPU-only build), cuda_targets
     (sm_XY: machine code for compute capability X.Y; compute_XY: PTX, compiled by the driver for X.Y
-    and newer)."""
+    and newer) and, with CUDA, pipe_tile_shapes (the CUDA kernels' tile shapes by kind)."""
     if not _BUILD_INFO.exists():  # a tree whose libraries were built by other means (CMake)
         return {"version": __version__, "torch_target": None, "built_with_torch": None, "cuda": None,
                 "cuda_targets": []}

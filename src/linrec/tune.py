@@ -17,16 +17,18 @@ from pathlib import Path
 import torch
 
 import linrec
+from linrec._runtime import build_info
 from linrec.bench import gpu_shapes, timer
 
-#: (threads per sequence, 16-byte vectors per thread): pipe_scan.cu's kTileShapes (vectors of the
-#: dtype), then its kChainedTileShape (one tile per block chained across blocks by look-back; vectors
-#: of the accumulator type: float32 for the 16-bit types).
-CHAINED_TILE_SHAPE = (128, 4)
-TILE_SHAPES = [(2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (64, 2), CHAINED_TILE_SHAPE]
+_TILES = build_info().get("pipe_tile_shapes") or {"row": [], "chained": [], "strided": []}
+#: (threads per sequence, 16-byte vectors per thread) as the build record has them: the row tiles of the
+#: CUDA pipes (vectors of the dtype), then the chained tile (one tile per block chained across blocks
+#: by look-back; vectors of the accumulator type: float32 for the 16-bit types). Empty without CUDA kernels.
+CHAINED_TILE_SHAPE = tuple(_TILES["chained"][0]) if _TILES["chained"] else None
+TILE_SHAPES = [tuple(shape) for shape in _TILES["row"]] + ([CHAINED_TILE_SHAPE] if CHAINED_TILE_SHAPE else [])
 #: The tile shapes of the backward kernels for packed sequences (cu_seqlens) and for coefficients whose
-#: gradient the kernel sums (broadcast ones): the largest pipe tile and the chained one.
-PACKED_BACKWARD_TILE_SHAPES = [(64, 2), CHAINED_TILE_SHAPE]
+#: gradient the kernel sums (broadcast ones): the largest row tile and the chained one.
+PACKED_BACKWARD_TILE_SHAPES = TILE_SHAPES[-2:]
 
 
 def main(argv: list[str] | None = None) -> None:

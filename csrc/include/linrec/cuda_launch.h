@@ -1,5 +1,7 @@
 // Host entry points of the CUDA kernels. Torch-free: the op layer and the standalone executable
-// both call them with a params struct and a stream.
+// both call them with a params struct and a stream. One launch path for every op and family: plan
+// the call once (make_plan), allocate the zeroed workspace the plan asks for (params.workspace), then
+// launch the plan.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +10,7 @@
 #include <string>
 
 #include "linrec/params.h"
+#include "linrec/plan.h"
 
 // Throws std::runtime_error naming the failed call and CUDA's description of the error.
 #define LINREC_CUDA_CHECK(call)                                                                 \
@@ -21,17 +24,20 @@
 
 namespace linrec::cuda {
 
-// The bytes of zeroed workspace (params.workspace, 16-byte aligned) a launch of these params needs;
-// 0 when the kernel it picks needs none.
-int64_t workspace_bytes(const ForwardParams& params);
-int64_t workspace_bytes(const BackwardParams& params);
+// The plan of a call on the current device: its kernel family, config, variant, grid and workspace.
+Plan make_plan(const ForwardParams& params);
+Plan make_plan(const BackwardParams& params);
 
-void launch_forward(const ForwardParams& params, cudaStream_t stream);
-void launch_backward(const BackwardParams& params, cudaStream_t stream);
+// Launches `plan` (make_plan of these params, their workspace set) on `stream`.
+void launch(const Plan& plan, const ForwardParams& params, cudaStream_t stream);
+void launch(const Plan& plan, const BackwardParams& params, cudaStream_t stream);
 
 // Throws a clear error when `device` cannot run this build's kernels (its arch is not compiled in,
 // or the driver is too old for the CUDA runtime linked into linrec).
 void check_device_supported(int device);
+
+// A kernel of this build, whose attributes tell whether the build has code for the current device.
+const void* probe_kernel();
 
 // The targets this library was compiled for, e.g. "sm_80,sm_90,sm_100,sm_120,compute_120".
 const char* compiled_targets();

@@ -42,14 +42,21 @@ void dispatch_dtypes(DType dtype, DType coeff_dtype, Body&& body) {
   });
 }
 
-// Calls body.template operator()<Config>() for the entry of Configs equal to `config`; throws,
-// naming the requested config, when it is not compiled in.
-template <auto Configs, typename Config, typename Body>
-void dispatch_config(const Config& config, Body&& body) {
+// Calls body.template operator()<Configs[index]>(): a plan's config (Plan::config) as a compile-time
+// value.
+template <auto Configs, typename Body>
+void dispatch_config(int index, Body&& body) {
   const bool found = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return ((Configs[I] == config ? (body.template operator()<Configs[I]>(), true) : false) || ...);
+    return ((index == static_cast<int>(I) ? (body.template operator()<Configs[I]>(), true) : false) || ...);
   }(std::make_index_sequence<Configs.size()>());
-  if (!found) throw std::invalid_argument("linrec: no kernel is compiled for config " + describe(config));
+  if (!found) throw std::invalid_argument("linrec: no kernel is compiled for config index " + std::to_string(index));
+}
+
+// Calls body.template operator()<V>() for the V among Values equal to `value` (a plan's variant, say).
+template <auto... Values, typename Body>
+void dispatch_value(decltype((Values, ...)) value, Body&& body) {
+  const bool found = ((value == Values ? (body.template operator()<Values>(), true) : false) || ...);
+  if (!found) throw std::invalid_argument("linrec: no kernel is compiled for value " + std::to_string(static_cast<int>(value)));
 }
 
 }  // namespace linrec

@@ -124,8 +124,8 @@ struct ChainLayout {
 // The prefix hook (TileScan::scan) of a chained scan. Every thread of the block calls it with its
 // sequence's tile total. The look-back is run by the first LookBackThreads threads of the block, each
 // of a sequence's threads holding WindowItems consecutive items of a level: one sequence a block
-// (time-contiguous rows) looks back with its first warp, an item a lane (the whole block's registers
-// and barriers measured slower: docs/design.md, Chained look-back); strided time with the whole block,
+// (time-contiguous rows) looks back with its first warp, an item a lane (the whole block would add its
+// barriers to the look-back's latency: docs/design.md, Chained look-back); strided time with the whole block,
 // 4 items a thread of each of 32 channels.
 template <typename Acc, int Sequences, typename WindowScan, int WindowItems, int LookBackThreads>
 struct ChainedPrefix {

@@ -137,7 +137,7 @@ struct SequenceLayout {
   int threads_per_sequence = 0;
   int vectors_per_thread = 0;
   // Scratch memory of the CUDA kernels that split sequences across blocks (chained scans), zeroed:
-  // the op layer allocates the bytes cuda::workspace_bytes() asks for; null when it asks for none.
+  // the op layer allocates the bytes the call's plan asks for (Plan::workspace_bytes); null when it asks for none.
   void* workspace = nullptr;
 
   LINREC_HOST_DEVICE int64_t num_rows() const { return shape.num_rows(); }

@@ -12,34 +12,25 @@
 namespace linrec {
 namespace {
 
-// Runs launch on the stream PyTorch considers current for the tensor's device, so the op orders
-// correctly with the surrounding PyTorch work (side streams, CUDA graphs). A kernel that chains
-// blocks gets its workspace from PyTorch's caching allocator, zeroed on the same stream; it is
-// released when this returns, which the allocator orders after the kernel on that stream.
+// Plans the call once and launches it on the stream PyTorch considers current for the tensor's
+// device, so the op orders correctly with the surrounding PyTorch work (side streams, CUDA graphs). A
+// plan that chains blocks gets its workspace from PyTorch's caching allocator, zeroed on the same
+// stream; it is released when this returns, which the allocator orders after the kernel on that stream.
 template <typename Params>
-void launch_on_device_of(const Params& params, const Tensor& like,
-                         void (*launch)(const Params&, cudaStream_t)) {
+void launch_on_device_of(const Params& params, const Tensor& like) {
   const int32_t device = like.get_device_index();
   const torch::stable::accelerator::DeviceGuard guard(device);
   cuda::check_device_supported(device);
   void* stream = nullptr;
   STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  const Plan plan = cuda::make_plan(params);
   Params launched = params;
-  const int64_t workspace_bytes = cuda::workspace_bytes(params);
   std::optional<Tensor> workspace;
-  if (workspace_bytes > 0) {
-    workspace = torch::stable::new_zeros(like, {workspace_bytes}, torch::headeronly::ScalarType::Byte);
+  if (plan.workspace_bytes > 0) {
+    workspace = torch::stable::new_zeros(like, {plan.workspace_bytes}, torch::headeronly::ScalarType::Byte);
     launched.workspace = workspace->mutable_data_ptr();
   }
-  launch(launched, static_cast<cudaStream_t>(stream));
-}
-
-void launch_forward_cuda(const ForwardParams& params, const Tensor& like) {
-  launch_on_device_of(params, like, cuda::launch_forward);
-}
-
-void launch_backward_cuda(const BackwardParams& params, const Tensor& like) {
-  launch_on_device_of(params, like, cuda::launch_backward);
+  cuda::launch(plan, launched, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace
@@ -47,6 +38,6 @@ void launch_backward_cuda(const BackwardParams& params, const Tensor& like) {
 
 STABLE_TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
   using namespace linrec;
-  m.impl("forward", TORCH_BOX(&forward_op<launch_forward_cuda>));
-  m.impl("backward", TORCH_BOX((&backward_op<launch_backward_cuda, CoeffGradientSum::InKernel>)));
+  m.impl("forward", TORCH_BOX(&forward_op<launch_on_device_of<ForwardParams>>));
+  m.impl("backward", TORCH_BOX((&backward_op<launch_on_device_of<BackwardParams>, CoeffGradientSum::InKernel>)));
 }
