@@ -7,7 +7,6 @@
 >>> y_btc = linrec.linrec(x.T, c.T, dim=0)        # any dim is time, strided views are read in place
 """
 
-from . import _core  # loads the native libraries and registers the ops
 from ._core.library import HAS_CUDA_KERNELS
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference

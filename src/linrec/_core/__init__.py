@@ -12,4 +12,9 @@ public module.
 Importing this package loads the libraries and registers the ops with their derivatives and batching rules.
 """
 
-from . import library  # noqa: F401
+# library loads the libraries and declares the Triton ops, on which autograd and vmap register the derivatives
+# and batching rules.
+from . import library
+from . import autograd, vmap
+
+__all__ = ["autograd", "library", "vmap"]

@@ -141,7 +141,3 @@ def _backward_fake(
 for _prefix in ("", "triton_"):
     torch.library.register_fake(f"linrec::{_prefix}forward", _forward_fake)
     torch.library.register_fake(f"linrec::{_prefix}backward", _backward_fake)
-
-
-# The derivatives (Autograd kernels) and the batching rules, registered on the ops loaded above.
-from . import autograd, vmap  # noqa: E402, F401
