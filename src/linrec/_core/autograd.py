@@ -368,5 +368,5 @@ def _register_autograd(kernels: Kernels) -> None:
     _LIBRARY.impl(kernels.backward.name().split("::")[1], backward_autograd, "Autograd", with_keyset=True)
 
 
-for _kernels in (COMPILED, TRITON):
-    _register_autograd(_kernels)
+for _family in (COMPILED, TRITON):
+    _register_autograd(_family)
