@@ -1,4 +1,4 @@
-"""linrec.bench's model-layout table: its code path on small shapes with a stub timer (timings are
+"""python -m linrec bench's model-layout table: its code path on small shapes with a stub timer (timings are
 never asserted), and the GPU cases' shapes checked without a GPU."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 import linrec
-from linrec import bench
+from linrec.tools import bench
 
 
 def test_layout_table_runs_through_the_public_api(device, monkeypatch, tmp_path, capsys):

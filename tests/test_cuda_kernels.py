@@ -10,7 +10,7 @@ import torch
 from helpers import DTYPES, TOLERANCE, assert_matches, random_coeffs, random_operands, random_values, wide
 
 import linrec
-from linrec.tune import CHAINED_TILE_SHAPE, PACKED_BACKWARD_TILE_SHAPES, TILE_SHAPES
+from linrec.tools.tune import CHAINED_TILE_SHAPE, PACKED_BACKWARD_TILE_SHAPES, TILE_SHAPES
 
 pytestmark = [
     pytest.mark.cuda,

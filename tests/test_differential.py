@@ -122,7 +122,7 @@ def test_kernels_against_the_loop(device, problem):
 
 
 def _triton_runs(device: str) -> bool:
-    return linrec._triton.missing() is None and (device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1")
+    return linrec._core.triton.missing() is None and (device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @given(problem=problems(complex_ok=False))

@@ -9,13 +9,10 @@ import torch
 from helpers import (
     DTYPES,
     REAL_DTYPES,
-    TOLERANCE,
     assert_matches,
     check_against_reference,
     random_coeffs,
     random_values,
-    reference,
-    reference_gradients,
     strided_view,
 )
 

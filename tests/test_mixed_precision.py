@@ -48,7 +48,7 @@ def _triton_interpreted(device: str) -> bool:
 
 
 def _skip_unless_runs(backend: str, device: str) -> None:
-    if backend == "triton" and (linrec._triton.missing() is not None or
+    if backend == "triton" and (linrec._core.triton.missing() is not None or
                                 (device == "cpu" and not _triton_interpreted(device))):
         pytest.skip("needs triton: on a GPU, or on its interpreter (TRITON_INTERPRET=1)")
 

@@ -236,7 +236,7 @@ def test_16bit_inputs_pass_float32_decays(monkeypatch, device, seed, kind, dtype
         calls.append((inputs.dtype, coeffs.dtype))
         return linrec_call(inputs, coeffs, *args, **kwargs)
 
-    monkeypatch.setattr(linrec, "linrec", spy)
+    monkeypatch.setattr(linrec.nn, "linrec", spy)
     layer, _, state_dtype = make(kind, device, dtype)
     y, state = layer(random_values((BATCH, TIME, IN), dtype, device))
     assert calls == [(torch.complex64, torch.complex64) if kind == "lru" else (dtype, torch.float32)]

@@ -1,5 +1,5 @@
 """The build record, the runtime checks that name what was built and what was found, and
-`python -m linrec.info`."""
+`python -m linrec info`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import linrec
-from linrec._runtime import build_info, cuda_problem, targets_for
+from linrec._core.runtime import build_info, cuda_problem, targets_for
 
 BUILT_FOR_13 = {"version": "0.1.0", "cuda": "13.0", "cuda_targets": ["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"]}
 
@@ -67,7 +67,7 @@ def test_an_older_torch_is_refused_at_import():
 
 
 def test_info_prints_the_build_and_the_runtime():
-    result = subprocess.run([sys.executable, "-m", "linrec.info"], capture_output=True, text=True, check=False)
+    result = subprocess.run([sys.executable, "-m", "linrec", "info"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"linrec {build_info()['version']}"
@@ -80,8 +80,8 @@ def test_info_prints_the_build_and_the_runtime():
 @pytest.mark.skipif(not (torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS), reason="needs a CUDA GPU and linrec's CUDA kernels")
 def test_the_build_runs_on_this_gpu():
     """On the GPU machine: the wheel's kernels cover the GPU, and info says which target runs it."""
-    assert linrec._cuda_problem(torch.cuda.current_device()) is None
-    result = subprocess.run([sys.executable, "-m", "linrec.info"], capture_output=True, text=True, check=True)
+    assert linrec._core.backend.cuda_device_problem(torch.cuda.current_device()) is None
+    result = subprocess.run([sys.executable, "-m", "linrec", "info"], capture_output=True, text=True, check=True)
     gpu_line = next(line for line in result.stdout.splitlines() if line.startswith("  GPU 0:"))
     assert "runs sm_" in gpu_line or "runs compute_" in gpu_line
     assert "problem:" not in result.stdout

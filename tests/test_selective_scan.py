@@ -13,7 +13,7 @@ import torch
 from helpers import assert_matches, random_values, wide
 
 import linrec
-import linrec._selective_scan
+import linrec.ssm
 
 BATCH, D_INNER, N_STATE, GROUPS = 2, 6, 3, 3
 
@@ -226,7 +226,7 @@ def test_reference_backends(device, seed, backend):
 
 def test_docstring_example():
     torch.manual_seed(0)
-    assert doctest.testmod(linrec._selective_scan, raise_on_error=True).attempted > 0
+    assert doctest.testmod(linrec.ssm, raise_on_error=True).attempted > 0
 
 
 def _bad(change):

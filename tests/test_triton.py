@@ -33,7 +33,7 @@ def device(request) -> str:
 
 
 def triton_ops():
-    from linrec._triton import launch
+    from linrec._core.triton import launch
 
     return launch
 
@@ -140,7 +140,7 @@ def test_time_split_across_programs(device, seed, monkeypatch, case, reverse):
     """Few rows and a long time dim: segments scanned by separate programs, joined by a scan over the
     segments' composed maps (forced 16-step tiles make 301 steps several segments, and the threshold is
     raised so that the few rows of these shapes split on any machine)."""
-    from linrec._triton import configs, launch
+    from linrec._core.triton import configs, launch
 
     monkeypatch.setattr(configs, "SPLIT_BELOW_PROGRAMS_PER_MULTIPROCESSOR", 1 << 20)
     launch._plan.cache_clear()
@@ -161,7 +161,7 @@ def test_time_split_across_programs(device, seed, monkeypatch, case, reverse):
 
 
 def plan_layout(inputs, dim):
-    from linrec._triton.layout import plan
+    from linrec._core.triton.layout import plan
 
     return plan(tuple(inputs.shape), dim % inputs.dim(), (inputs.stride(),))
 
@@ -180,7 +180,7 @@ def test_strided_views(device, seed, dim, kind):
 def test_layout_that_does_not_merge_runs_on_copies(device, seed):
     """Channel dims whose strides cannot merge into one (two channel dims, transposed): the op scans
     contiguous copies and writes the result in the layout it promised."""
-    from linrec._triton.layout import plan
+    from linrec._core.triton.layout import plan
 
     inputs = random_values((2, 19, 4, 3), torch.float32, device).transpose(-1, -2)
     coeffs = random_coeffs((2, 19, 3, 4), torch.float32, device)
@@ -272,9 +272,9 @@ def test_forced_tile_must_be_a_power_of_two(device):
 
 
 def test_missing_triton_is_named(monkeypatch):
-    import linrec._triton
+    import linrec._core.triton
 
-    monkeypatch.setattr(linrec._triton, "_INSTALLED", False)
+    monkeypatch.setattr(linrec._core.triton, "_INSTALLED", False)
     with pytest.raises(RuntimeError, match=r"backend='triton' needs the triton package, which is not installed: pip install triton"):
         linrec.linrec(torch.randn(2, 5), torch.rand(2, 5), backend="triton")
     with pytest.raises(RuntimeError, match="needs the triton package"):
@@ -291,7 +291,7 @@ def test_cpu_tensors_need_the_interpreter():
 def test_auto_runs_triton_where_the_cuda_kernels_cannot(monkeypatch, seed):
     if not (_HAS_TRITON and torch.cuda.is_available()) or _INTERPRETED:
         pytest.skip("needs triton and a GPU")
-    monkeypatch.setattr(linrec, "HAS_CUDA_KERNELS", False)
+    monkeypatch.setattr(linrec._core.backend, "HAS_CUDA_KERNELS", False)
     inputs, coeffs = random_values((3, 50), torch.float32, "cuda"), random_coeffs((3, 50), torch.float32, "cuda")
-    assert linrec._kernels("auto", inputs) is linrec.TRITON
+    assert linrec._core.backend.choose("auto", inputs) is linrec._core.autograd.TRITON
     assert_matches(linrec.linrec(inputs, coeffs), reference(inputs, coeffs), torch.float32)

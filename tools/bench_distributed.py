@@ -32,7 +32,7 @@ time. Every rank measures the median time of one call of:
 Times show rank 0's and the maximum over the ranks ("r0/max"); shares and ratios use the maximums. Every
 rank makes the same calls, each alone after a dist.barrier() (CUDA events on the GPU, the wall clock on the
 CPU), as many as the slowest rank's estimate fits in --rep-ms (5 to 100): triton.testing.do_bench and
-linrec.bench.timer, which the other benchmarks use, take their number of calls from each process's own
+linrec.tools.bench.timer, which the other benchmarks use, take their number of calls from each process's own
 estimate, which would leave the ranks' collectives unmatched.
 
 capacity (CUDA only, on by default there): the peak torch.cuda.max_memory_allocated of one f+b at the
@@ -64,8 +64,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import linrec
-from linrec.bench import time_one_call
-from linrec._checks import initial_shape
+from linrec.tools.bench import time_one_call
+from linrec._core.checks import initial_shape
 from linrec.distributed import _agree, _gather, _local_record
 from linrec.reference import compute_dtype
 

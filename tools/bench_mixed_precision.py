@@ -12,7 +12,7 @@ import argparse
 import torch
 
 import linrec
-from linrec.bench import timer
+from linrec.tools.bench import timer
 
 # (shape, dim, coeffs shape): per-step gates along a strided and a contiguous time dim, per-channel decays.
 CASES = [((16, 2048, 1024), 1, (16, 2048, 1024)), ((16, 2048, 1024), 1, (1024,)),

@@ -1,5 +1,5 @@
 """Ratio to torch.add of the compiled kernels on a few shapes, for quick A/B runs on the GPU machine
-(linrec.bench measures the full tables with the references):
+(python -m linrec bench measures the full tables with the references):
 
     python tools/bench_shapes.py [--backend auto|triton] [--dtypes float32,bfloat16] [--coeff-range 0,1]
         [--config A,B] SHAPE:DIM[:COEFFS] ...
@@ -13,8 +13,8 @@ import argparse
 
 import torch
 
-from linrec._autograd import COMPILED, TRITON
-from linrec.bench import timer
+from linrec._core.autograd import COMPILED, TRITON
+from linrec.tools.bench import timer
 
 
 def parse(case: str):

@@ -17,9 +17,9 @@ mkdir -p "$out"
 } 2>&1 | tee "$out/env.txt"
 (cd /tmp && LINREC_HYPOTHESIS_PROFILE=gpu python3 -m pytest "$OLDPWD/tests" -q -rs -p no:cacheprovider 2>&1) | tee "$out/pytest.txt"
 status=$?
-python3 -m linrec.bench --dtypes float32,bfloat16,float16 --out "$out" 2>&1 | tee "$out/bench.txt"
+python3 -m linrec bench --dtypes float32,bfloat16,float16 --out "$out" 2>&1 | tee "$out/bench.txt"
 if [ "${LINREC_SKIP_TUNE:-0}" = 0 ]; then
-  python3 -m linrec.tune --dtypes float32,bfloat16 --out "$out" 2>&1 | tee "$out/tune.txt"
+  python3 -m linrec tune --dtypes float32,bfloat16 --out "$out" 2>&1 | tee "$out/tune.txt"
 fi
 {
   if compgen -G "dist-sm80/*.whl" >/dev/null; then

@@ -7,7 +7,7 @@ import time
 import torch
 
 from linrec import linrec
-from linrec._autograd import COMPILED, TRITON
+from linrec._core.autograd import COMPILED, TRITON
 
 
 def median_us(fn, calls: int = 500) -> float:

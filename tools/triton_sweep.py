@@ -1,4 +1,4 @@
-"""Ratio to torch.add of the Triton kernels under variants of their tuning data (_triton/configs.py),
+"""Ratio to torch.add of the Triton kernels under variants of their tuning data (_core/triton/configs.py),
 on the GPU machine: each variant replaces module constants, then times forward and backward of every
 shape with the tiles the heuristic then chooses.
 
@@ -12,9 +12,9 @@ import ast
 
 import torch
 
-from linrec._autograd import TRITON
-from linrec._triton import configs
-from linrec.bench import timer
+from linrec._core.autograd import TRITON
+from linrec._core.triton import configs
+from linrec.tools.bench import timer
 
 
 def main() -> None:

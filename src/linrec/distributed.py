@@ -23,21 +23,18 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd.function import _SingleLevelFunction
 
-import linrec as _package  # the package, being initialized: its backend choice is looked up at call time
-from ._autograd import (
-    _add,
-    _below_this_level,
-    _check_single_forward_mode_level,
-    _full,
-    _plain_autograd,
-    _records,
-    _times_c_in_log_space,
+from ._core.backend import choose
+from ._core.autograd import (
+    autograd_kernel,
+    below_this_level,
+    check_single_forward_mode_level,
+    forward_tangent_operand,
+    save_for_forward,
 )
-from ._checks import SUPPORTED_DTYPES, check_arguments, check_bool, initial_shape
-from ._steps import previous_step
+from ._core.checks import SUPPORTED_DTYPES, check_arguments, check_bool, initial_shape
+from ._core.steps import previous_step
 from .reference import compute_dtype  # the maps are composed in the kernels' accumulation type
 
 __all__ = ["linrec"]
@@ -231,7 +228,7 @@ def _checked(inputs, coeffs, initial, dim, reverse, log_coeffs, group):
             raise ValueError(f"{_OP}: inputs must have at most {MAX_DIMS} dims, got {inputs.dim()}")
         if inputs.device.type not in _DEVICE_TYPES:
             raise ValueError(f"{_OP}: inputs must be on a cpu or cuda device, got {inputs.device}")
-        kernels = _package._kernels("auto", inputs)
+        kernels = choose("auto", inputs)
         record = _local_record((inputs, coeffs, dim, reverse, initial, log_coeffs))
     except (TypeError, ValueError, IndexError, RuntimeError) as error:
         problem = error
@@ -329,7 +326,7 @@ def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_nam
 def _backward_kernel(d_outputs, coeffs, outputs, initial, carries, dim, reverse, log_coeffs, group_name):
     group = _resolve(group_name)
     rank, world, position = _position(group, reverse)
-    kernels = _package._kernels("auto", outputs)
+    kernels = choose("auto", outputs)
     length = outputs.shape[dim]
     with torch.no_grad():
         incoming = _incoming(initial, carries, position, coeffs, outputs)
@@ -392,11 +389,10 @@ class _SequenceParallel(_SingleLevelFunction):
 
     @staticmethod
     def forward(ctx, inputs, coeffs, initial, options):
-        with _below_this_level():
+        with below_this_level():
             outputs, carries = _FORWARD(inputs, coeffs, initial, *options)
         ctx.save_for_backward(coeffs, outputs, initial, carries)
-        if not _plain_autograd():  # jvp runs under forward-mode AD only
-            ctx.save_for_forward(coeffs, outputs, initial, carries)
+        save_for_forward(ctx, coeffs, outputs, initial, carries)
         ctx.options = (options[0] % inputs.dim(), *options[1:])
         ctx.mark_non_differentiable(carries)
         return outputs, carries
@@ -410,15 +406,16 @@ class _SequenceParallel(_SingleLevelFunction):
     @staticmethod
     def jvp(ctx, t_inputs, t_coeffs, t_initial, _options):
         # The tangent is the recurrence over the whole sequence driven by x' + c' * prev(y), from h'.
-        _check_single_forward_mode_level()
+        check_single_forward_mode_level()
         coeffs, outputs, initial, carries = ctx.saved_tensors
         dim, reverse, log_coeffs, group_name = ctx.options
-        driving = t_inputs
-        if t_coeffs is not None:
+
+        def previous():
             incoming = _incoming(initial, carries, _position(_resolve(group_name), reverse)[2], coeffs, outputs)
-            previous = previous_step(outputs, incoming, dim, reverse, None)
-            driving = _add(driving, _times_c_in_log_space(t_coeffs, coeffs, log_coeffs) * previous)
-        tangent, _ = _FORWARD(_full(driving, outputs), coeffs, t_initial, dim, reverse, log_coeffs, group_name)
+            return previous_step(outputs, incoming, dim, reverse, None)
+
+        driving = forward_tangent_operand(t_inputs, t_coeffs, coeffs, log_coeffs, previous, outputs)
+        tangent, _ = _FORWARD(driving, coeffs, t_initial, dim, reverse, log_coeffs, group_name)
         return tangent, None
 
 
@@ -427,7 +424,7 @@ class _SequenceParallelBackward(_SingleLevelFunction):
 
     @staticmethod
     def forward(ctx, d_outputs, coeffs, outputs, initial, carries, options):
-        with _below_this_level():
+        with below_this_level():
             return _BACKWARD(d_outputs, coeffs, outputs, initial, carries, *options)
 
     @staticmethod
@@ -441,23 +438,15 @@ class _SequenceParallelBackward(_SingleLevelFunction):
 
 def _forward_autograd(keyset, inputs, coeffs, initial, dim, reverse, log_coeffs, group_name):
     options = (dim, reverse, log_coeffs, group_name)
-    if not _plain_autograd():
-        with enable_single_level_autograd_function():
-            return _SequenceParallel.apply(inputs, coeffs, initial, options)
-    if _records((inputs, coeffs, initial)):
-        return _SequenceParallel.apply(inputs, coeffs, initial, options)
-    return _FORWARD.redispatch(keyset & torch._C._after_autograd_keyset, inputs, coeffs, initial, *options)
+    return autograd_kernel(keyset, _SequenceParallel, (inputs, coeffs, initial, options), (inputs, coeffs, initial),
+                           _FORWARD, (inputs, coeffs, initial, *options))
 
 
 def _backward_autograd(keyset, d_outputs, coeffs, outputs, initial, carries, dim, reverse, log_coeffs, group_name):
     options = (dim, reverse, log_coeffs, group_name)
-    if not _plain_autograd():
-        with enable_single_level_autograd_function():
-            return _SequenceParallelBackward.apply(d_outputs, coeffs, outputs, initial, carries, options)
-    if _records((d_outputs, coeffs, outputs, initial)):
-        return _SequenceParallelBackward.apply(d_outputs, coeffs, outputs, initial, carries, options)
-    return _BACKWARD.redispatch(keyset & torch._C._after_autograd_keyset, d_outputs, coeffs, outputs, initial, carries,
-                                *options)
+    return autograd_kernel(keyset, _SequenceParallelBackward, (d_outputs, coeffs, outputs, initial, carries, options),
+                           (d_outputs, coeffs, outputs, initial), _BACKWARD,
+                           (d_outputs, coeffs, outputs, initial, carries, *options))
 
 
 _LIBRARY.impl("sequence_parallel_forward", _forward_autograd, "Autograd", with_keyset=True)

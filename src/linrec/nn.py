@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .reference import compute_dtype
-import linrec as _linrec  # the package: linrec.linrec is looked up at call time (this module loads inside it)
+from .scan import linrec
 
 __all__ = ["EMA", "LRU", "MinGRU"]
 
@@ -186,7 +186,7 @@ class EMA(nn.Module):
         if state is not None:
             _check_state("EMA", state, (x.shape[0], self.channels), "batch, channels", x.dtype, x.device)
         log_a, one_minus_a = self._terms(x.dtype)
-        y = _linrec.linrec(one_minus_a * x, log_a, dim=1, initial=state, log_coeffs=True)
+        y = linrec(one_minus_a * x, log_a, dim=1, initial=state, log_coeffs=True)
         return y, _final_state(y, state, x.shape[0], self.channels)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,7 +273,7 @@ class MinGRU(nn.Module):
         if state is not None:
             _check_state("MinGRU", state, (x.shape[0], self.hidden_size), "batch, hidden_size", x.dtype, x.device)
         log_coeffs, inputs = self._terms(x)
-        h = _linrec.linrec(inputs, log_coeffs, dim=1, initial=state, log_coeffs=True)
+        h = linrec(inputs, log_coeffs, dim=1, initial=state, log_coeffs=True)
         return h, _final_state(h, state, x.shape[0], self.hidden_size)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -404,7 +404,7 @@ class LRU(nn.Module):
         x_wide = x.to(gamma_b.dtype)
         # gamma B x as (batch, time, N, 2) real/imaginary pairs, viewed as complex without a copy
         inputs = torch.view_as_complex((x_wide @ gamma_b.T).view(batch, time, self.state_size, 2))
-        h = _linrec.linrec(inputs, lam, dim=1, initial=state)
+        h = linrec(inputs, lam, dim=1, initial=state)
         # Re(C h) = Re C Re h - Im C Im h: one real product over the interleaved (Re h, Im h) pairs
         y = torch.view_as_real(h).flatten(2, 3) @ c.T + self.D.to(x_wide.dtype) * x_wide
         return y.to(x.dtype), _final_state(h, state, batch, self.state_size)

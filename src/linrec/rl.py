@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import normalize_dim
-import linrec as _package  # the package, being initialized: linrec.linrec is looked up at call time
+from ._core.checks import normalize_dim
+from .scan import linrec
 
 __all__ = ["GAE", "discounted_returns", "gae"]
 
@@ -95,7 +95,7 @@ def discounted_returns(
     if continues is not None:
         discounts = discounts * continues
     initial = _bootstrap(op, bootstrap, rewards, dim, dtype)
-    returns = _package.linrec(rewards.to(dtype), discounts, dim=dim, reverse=True, initial=initial)
+    returns = linrec(rewards.to(dtype), discounts, dim=dim, reverse=True, initial=initial)
     return returns.to(rewards.dtype)
 
 
@@ -180,7 +180,7 @@ def gae(
         values = torch.cat([values, values.new_zeros(slot)], dim)
     current, following = values.narrow(dim, 0, length), values.narrow(dim, 1, length)
     deltas = rewards.to(dtype) + discounts * following - current
-    advantages = _package.linrec(deltas, discounts * decay, dim=dim, reverse=True)
+    advantages = linrec(deltas, discounts * decay, dim=dim, reverse=True)
     return GAE(advantages.to(out_dtype), (advantages + current).to(out_dtype))
 
 

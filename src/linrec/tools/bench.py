@@ -1,6 +1,6 @@
 """Throughput of linrec next to torch.add on the same shape and dtype, forward and backward.
 
-    python -m linrec.bench [--device cpu|cuda] [--dtypes float32,bfloat16] [--out bench-results]
+    python -m linrec bench [--device cpu|cuda] [--dtypes float32,bfloat16] [--out bench-results]
 
 Prints GB/s of every implementation and its ratio to torch.add measured in the same process (on a GPU
 with triton installed, the Triton kernels as "triton" beside the compiled ones as "linrec"), and
@@ -33,9 +33,13 @@ from typing import Callable, Iterable, NamedTuple
 
 import torch
 
-import linrec
-from linrec._autograd import COMPILED, TRITON, Kernels
-from linrec._triton import missing as triton_missing
+from .._core.autograd import COMPILED, TRITON, Kernels
+from .._core.library import HAS_CUDA_KERNELS
+from .._core.triton import missing as triton_missing
+from .._version import __version__
+from ..reference import REFERENCES
+from ..scan import linrec
+from ..ssm import selective_scan
 
 #: (number of sequences, sequence length), time last. GPU shapes: 100 sequences per SM, and a few long ones.
 #: CPU: one long row too, which the kernels split across threads.
@@ -154,9 +158,9 @@ def measure_layout(device: torch.device, dtype: torch.dtype, case: LayoutCase, t
 
     def call(packed: bool = True) -> torch.Tensor:
         if packed or cu_seqlens is None:
-            return linrec.linrec(inputs, coeffs, case.dim, initial=initial, cu_seqlens=cu_seqlens, backend=backend)
+            return linrec(inputs, coeffs, case.dim, initial=initial, cu_seqlens=cu_seqlens, backend=backend)
         # one sequence: the batch's initial state
-        return linrec.linrec(inputs, coeffs, case.dim, initial=None if initial is None else initial[:1], backend=backend)
+        return linrec(inputs, coeffs, case.dim, initial=None if initial is None else initial[:1], backend=backend)
 
     def forward_backward_ms(packed: bool = True) -> tuple[float, float]:
         forward_ms = time_ms(lambda: call(packed))
@@ -175,10 +179,10 @@ def measure_layout(device: torch.device, dtype: torch.dtype, case: LayoutCase, t
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        gradients = torch.autograd.grad(call(), leaves, d_outputs)
+        gradients = list(torch.autograd.grad(call(), leaves, d_outputs))  # held until the peak is read
         torch.cuda.synchronize(device)
         peak = (torch.cuda.max_memory_allocated(device) - before) / tensor_bytes
-        del gradients
+        gradients.clear()
     tensor_gb = tensor_bytes / 1e9
     add_gbps = 3 * tensor_gb / (add_ms / 1e3)
     fwd_gbps, bwd_gbps = 3 * tensor_gb / (fwd_ms / 1e3), 5 * tensor_gb / (bwd_ms / 1e3)
@@ -211,13 +215,13 @@ def measure_derivatives(device: torch.device, dtypes: Iterable[torch.dtype], pro
         add_ms = time_ms(lambda: torch.add(inputs.detach(), coeffs.detach()))
 
         def forward_backward():
-            torch.autograd.grad(linrec.linrec(inputs, coeffs, dim), (inputs, coeffs), d_outputs)
+            torch.autograd.grad(linrec(inputs, coeffs, dim), (inputs, coeffs), d_outputs)
 
         def forward_mode():
-            torch.func.jvp(lambda x, c: linrec.linrec(x, c, dim), (inputs.detach(), coeffs.detach()), (t_inputs, t_coeffs))
+            torch.func.jvp(lambda x, c: linrec(x, c, dim), (inputs.detach(), coeffs.detach()), (t_inputs, t_coeffs))
 
         def gradient_penalty():
-            gradients = torch.autograd.grad(linrec.linrec(inputs, coeffs, dim), (inputs, coeffs), d_outputs, create_graph=True)
+            gradients = torch.autograd.grad(linrec(inputs, coeffs, dim), (inputs, coeffs), d_outputs, create_graph=True)
             torch.autograd.grad(sum((g * g).sum() for g in gradients), (inputs, coeffs))
 
         for path, fn in (("fwd+bwd", forward_backward), ("jvp", forward_mode), ("penalty", gradient_penalty)):
@@ -304,7 +308,7 @@ def measure_selective_scan_case(device: torch.device, dtype: torch.dtype, case: 
             continue
 
         def forward(backend=backend):
-            return linrec.selective_scan(**arguments, delta_softplus=True, backend=backend)
+            return selective_scan(**arguments, delta_softplus=True, backend=backend)
 
         def forward_backward(backend=backend):
             torch.autograd.grad(forward(backend), leaves, d_out)
@@ -391,7 +395,7 @@ def kernel_backends(device: torch.device) -> dict[str, str]:
 def implementations(device: torch.device) -> dict[str, Callable | Kernels]:
     """The kernel families, called through their registered ops, then the pure-PyTorch references."""
     families = {"linrec": COMPILED, "triton": TRITON}
-    return {**{name: families[name] for name in kernel_backends(device)}, **linrec.REFERENCES}
+    return {**{name: families[name] for name in kernel_backends(device)}, **REFERENCES}
 
 
 def measure(device: torch.device, dtypes: Iterable[torch.dtype], shapes, progress) -> list[dict]:
@@ -491,8 +495,8 @@ def write_outputs(rows: list[dict], out_dir: Path, device: torch.device) -> None
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default_device = "cuda" if torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS else "cpu"
+    parser = argparse.ArgumentParser(prog="python -m linrec bench", description=__doc__.split("\n\n")[0])
+    default_device = "cuda" if torch.cuda.is_available() and HAS_CUDA_KERNELS else "cpu"
     parser.add_argument("--device", default=default_device, help=f"cpu or cuda (default: {default_device})")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for the CSV and PNG")
@@ -505,7 +509,7 @@ def main(argv: list[str] | None = None) -> None:
         from tqdm import tqdm as progress
     except ImportError:
         progress = lambda cases: cases  # noqa: E731
-    print(f"linrec {linrec.__version__}, torch {torch.__version__}, device {device}"
+    print(f"linrec {__version__}, torch {torch.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f" ({torch.get_num_threads()} threads)"))
     rows = measure(device, dtypes, shapes, progress)
     print_table(rows)
@@ -532,7 +536,3 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-
-
-if __name__ == "__main__":
-    main()

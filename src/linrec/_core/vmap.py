@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_cu_seqlens_not_vmapped, normalize_dim
+from .checks import check_cu_seqlens_not_vmapped, normalize_dim
 
 
 def _placement(op: str, ndim: int, dim: int, cu_seqlens: torch.Tensor | None, cu_seqlens_bdim: int | None):

@@ -1,7 +1,7 @@
 """Times every compiled CUDA kernel config on the shapes of the benchmark and reports the best one
 next to the config the launcher picks by itself.
 
-    python -m linrec.tune [--dtypes float32,bfloat16] [--out bench-results]
+    python -m linrec tune [--dtypes float32,bfloat16] [--out bench-results]
 
 Configs are forced through the ops' threads_per_sequence and vectors_per_thread arguments. The
 launcher's choice (csrc/kernels/cuda/pipe_scan.cu, choose_config) is a heuristic; this report is
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-import linrec
-from linrec._runtime import build_info
-from linrec.bench import gpu_shapes, timer
+from .._core.library import HAS_CUDA_KERNELS
+from .._core.runtime import build_info
+from .bench import gpu_shapes, timer
 
 _TILES = build_info().get("pipe_tile_shapes") or {"row": [], "chained": [], "strided": []}
 #: (threads per sequence, 16-byte vectors per thread) as the build record has them: the row tiles of the
@@ -32,12 +32,12 @@ PACKED_BACKWARD_TILE_SHAPES = TILE_SHAPES[-2:]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m linrec tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
-    if not (torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS):
-        raise SystemExit("linrec.tune needs a CUDA GPU and linrec's CUDA kernels")
+    if not (torch.cuda.is_available() and HAS_CUDA_KERNELS):
+        raise SystemExit("python -m linrec tune needs a CUDA GPU and linrec's CUDA kernels")
     device = torch.device("cuda")
     time_ms = timer(device)
     rows = []
@@ -71,7 +71,3 @@ def main(argv: list[str] | None = None) -> None:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ calling the ops of the family it differentiates.
 
 Notation: the forward op computes ``y[l] = c[l] * y[l-1] + x[l]`` from ``y[-1] = h`` (the initial state;
 without one, ``y[0] = x[0]``), ``prev(v)`` is ``v`` one step back along the scan within each sequence
-(``h`` or 0 at a sequence's first step, ``_steps.previous_step``), ``next`` and ``first`` are its adjoints.
+(``h`` or 0 at a sequence's first step, ``steps.previous_step``), ``next`` and ``first`` are its adjoints.
 The backward op computes, for the upstream gradient ``g``,
 
     dx = L^H g        (a scan against the forward's direction with coefficients conj(c) shifted by one)
@@ -37,7 +37,7 @@ tangents directional derivatives), which gradcheck and gradgradcheck verify.
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch._C._functorch import TransformType, get_interpreter_stack, peek_interpreter_stack
@@ -47,7 +47,7 @@ from torch.autograd.forward_ad import _set_fwd_grad_enabled
 from torch.autograd.function import _SingleLevelFunction
 from torch.overrides import has_torch_function
 
-from ._steps import first_step, next_step, previous_step
+from .steps import first_step, next_step, previous_step
 
 _LIBRARY = torch.library.Library("linrec", "IMPL")
 
@@ -93,7 +93,7 @@ def _records(differentiable: tuple[torch.Tensor | None, ...]) -> bool:
     return False
 
 
-def _below_this_level() -> contextlib.AbstractContextManager:
+def below_this_level() -> contextlib.AbstractContextManager:
     """The context of a Function's forward: the kernels below the Autograd key, with gradient tracking on.
     The Function records the op at this level; under nested torch.func transforms each lower level's
     Autograd key is reached on the way down, and its Function must find gradients enabled there (the
@@ -108,7 +108,7 @@ def _below_this_level() -> contextlib.AbstractContextManager:
     return guards
 
 
-def _check_single_forward_mode_level() -> None:
+def check_single_forward_mode_level() -> None:
     """The jvp formulas run with forward gradients off, so a forward-mode transform around another one
     would not see their ops: refuse it rather than return a wrong derivative."""
     stack = get_interpreter_stack() or []
@@ -118,6 +118,13 @@ def _check_single_forward_mode_level() -> None:
             "is not supported; second derivatives work as torch.func.hessian (jacfwd of jacrev), jacrev of "
             "jacrev or jacrev of jacfwd"
         )
+
+
+def save_for_forward(ctx, *tensors: torch.Tensor | None) -> None:
+    """Saves a Function's tensors for its jvp, which runs under forward-mode AD only: at the plain autograd
+    level no tangent can reach it, and the call skips the save."""
+    if not _plain_autograd():
+        ctx.save_for_forward(*tensors)
 
 
 def _add(total: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor | None:
@@ -153,6 +160,17 @@ def _reduce_to(gradient: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return gradient if gradient.shape == like.shape else gradient.sum_to_size(like.shape)
 
 
+def forward_tangent_operand(t_inputs: torch.Tensor | None, t_coeffs: torch.Tensor | None, coeffs: torch.Tensor,
+                            log_coeffs: bool, previous: Callable[[], torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """The inputs of the forward op whose outputs are the forward op's tangent: ``x' + c' * prev(y)`` (c' in
+    units of c), in ``like``'s shape and dtype. ``previous()`` gives ``prev(y)``, called only for a tangent
+    of the coefficients."""
+    driving = t_inputs
+    if t_coeffs is not None:
+        driving = _add(driving, _times_c_in_log_space(t_coeffs, coeffs, log_coeffs) * previous())
+    return _full(driving, like)
+
+
 class _Forward(_SingleLevelFunction):
     """A forward op as (inputs, coeffs, initial, cu_seqlens, options) -> outputs, with the op's family and its
     other arguments in one tuple, options = (kernels, dim, reverse, log_coeffs, config, config): each argument
@@ -161,11 +179,10 @@ class _Forward(_SingleLevelFunction):
     @staticmethod
     def forward(ctx, inputs, coeffs, initial, cu_seqlens, options):
         kernels, dim, reverse, log_coeffs, *config = options
-        with _below_this_level():
+        with below_this_level():
             outputs = kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, *config)
         ctx.save_for_backward(coeffs, outputs, initial, cu_seqlens)
-        if not _plain_autograd():  # jvp runs under forward-mode AD only
-            ctx.save_for_forward(coeffs, outputs, initial, cu_seqlens)
+        save_for_forward(ctx, coeffs, outputs, initial, cu_seqlens)
         # One attribute: each costs the call about 0.15 us. The forced kernel config, if any, is the forward's alone.
         ctx.options = kernels, dim % outputs.dim(), reverse, log_coeffs
         return outputs
@@ -182,14 +199,12 @@ class _Forward(_SingleLevelFunction):
 
     @staticmethod
     def jvp(ctx, t_inputs, t_coeffs, t_initial, _t_cu_seqlens, _options):
-        _check_single_forward_mode_level()
+        check_single_forward_mode_level()
         coeffs, outputs, initial, cu_seqlens = ctx.saved_tensors
         kernels, dim, reverse, log_coeffs = ctx.options
-        driving = t_inputs
-        if t_coeffs is not None:
-            t_coeff_values = _times_c_in_log_space(t_coeffs, coeffs, log_coeffs)
-            driving = _add(driving, t_coeff_values * previous_step(outputs, initial, dim, reverse, cu_seqlens))
-        return _call_forward(kernels, _full(driving, outputs), coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
+        driving = forward_tangent_operand(t_inputs, t_coeffs, coeffs, log_coeffs,
+                                          lambda: previous_step(outputs, initial, dim, reverse, cu_seqlens), outputs)
+        return _call_forward(kernels, driving, coeffs, dim, reverse, t_initial, cu_seqlens, log_coeffs)
 
 
 class _Backward(_SingleLevelFunction):
@@ -199,13 +214,12 @@ class _Backward(_SingleLevelFunction):
     @staticmethod
     def forward(ctx, d_outputs, coeffs, outputs, initial, cu_seqlens, options):
         kernels, dim, reverse, log_coeffs, *config = options
-        with _below_this_level():
+        with below_this_level():
             d_inputs, d_coeffs, d_initial = kernels.backward(
                 d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs, *config
             )
         ctx.save_for_backward(d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs)
-        if not _plain_autograd():  # jvp runs under forward-mode AD only
-            ctx.save_for_forward(d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs)
+        save_for_forward(ctx, d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs)
         ctx.options = kernels, dim % outputs.dim(), reverse, log_coeffs
         ctx.set_materialize_grads(False)
         if initial is None:
@@ -242,7 +256,7 @@ class _Backward(_SingleLevelFunction):
 
     @staticmethod
     def jvp(ctx, t_d_outputs, t_coeffs, t_outputs, t_initial, _t_cu_seqlens, _options):
-        _check_single_forward_mode_level()
+        check_single_forward_mode_level()
         d_outputs, coeffs, outputs, initial, cu_seqlens, d_inputs, d_coeffs = ctx.saved_tensors
         kernels, dim, reverse, log_coeffs = ctx.options
         # dx[l] = g[l] + conj(c[next]) * dx[next]: a tangent of c drives the scan like a tangent of g.
@@ -313,30 +327,39 @@ def _call_backward(kernels, d_outputs, coeffs, outputs, dim, reverse, initial, c
         return kernels.backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs)
 
 
+def autograd_kernel(keyset: torch._C.DispatchKeySet, function: type[_SingleLevelFunction], arguments: tuple,
+                    differentiable: tuple[torch.Tensor | None, ...], op: torch._ops.OpOverload,
+                    op_arguments: tuple):
+    """The Autograd kernel of an op whose derivatives ``function`` holds, called with the op's keyset:
+    under a torch.func transform or forward-mode AD, ``function.apply(*arguments)`` at the transform's
+    level; at the plain autograd level, the same where the call records a node (gradients enabled and a
+    ``differentiable`` tensor requiring one), else the op's kernels below the Autograd key on
+    ``op_arguments``."""
+    if not _plain_autograd():
+        with enable_single_level_autograd_function():
+            return function.apply(*arguments)
+    if _records(differentiable):
+        return function.apply(*arguments)
+    return op.redispatch(keyset & _BELOW_AUTOGRAD, *op_arguments)
+
+
 def _register_autograd(kernels: Kernels) -> None:
     """Registers the Autograd kernels of one family's two ops."""
 
     def forward_autograd(keyset, inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
                          log_coeffs=False, *config):
         options = (kernels, dim, reverse, log_coeffs, *(config or (0, 0)))
-        if not _plain_autograd():
-            with enable_single_level_autograd_function():
-                return _Forward.apply(inputs, coeffs, initial, cu_seqlens, options)
-        if _records((inputs, coeffs, initial)):
-            return _Forward.apply(inputs, coeffs, initial, cu_seqlens, options)
-        return kernels.forward.redispatch(keyset & _BELOW_AUTOGRAD, inputs, coeffs, dim, reverse, initial,
-                                          cu_seqlens, log_coeffs, *options[4:])
+        return autograd_kernel(keyset, _Forward, (inputs, coeffs, initial, cu_seqlens, options),
+                               (inputs, coeffs, initial), kernels.forward,
+                               (inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs, *options[4:]))
 
     def backward_autograd(keyset, d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
                           log_coeffs=False, *config):
         options = (kernels, dim, reverse, log_coeffs, *(config or (0, 0)))
-        if not _plain_autograd():
-            with enable_single_level_autograd_function():
-                return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, options)
-        if _records((d_outputs, coeffs, outputs, initial)):
-            return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, options)
-        return kernels.backward.redispatch(keyset & _BELOW_AUTOGRAD, d_outputs, coeffs, outputs, dim, reverse,
-                                           initial, cu_seqlens, log_coeffs, *options[4:])
+        return autograd_kernel(keyset, _Backward, (d_outputs, coeffs, outputs, initial, cu_seqlens, options),
+                               (d_outputs, coeffs, outputs, initial), kernels.backward,
+                               (d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs,
+                                *options[4:]))
 
     # Registered on the Autograd key rather than through torch.library.register_autograd, whose generated
     # Function has neither a jvp (forward-mode tangents were dropped) nor a setup_context (torch.func refused
@@ -345,5 +368,5 @@ def _register_autograd(kernels: Kernels) -> None:
     _LIBRARY.impl(kernels.backward.name().split("::")[1], backward_autograd, "Autograd", with_keyset=True)
 
 
-for _kernels in (COMPILED, TRITON):
-    _register_autograd(_kernels)
+for _family in (COMPILED, TRITON):
+    _register_autograd(_family)

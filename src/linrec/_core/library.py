@@ -1,5 +1,5 @@
 """Loads the native libraries and registers what PyTorch needs around the C++ ops: fake kernels
-(shapes for torch.compile and meta tensors) here, derivatives in _autograd.py, batching rules in _vmap.py.
+(shapes for torch.compile and meta tensors) here, derivatives in autograd.py, batching rules in vmap.py.
 
 torch.ops.linrec.forward(inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
                          threads_per_sequence=0, vectors_per_thread=0) -> outputs
@@ -9,7 +9,7 @@ Schemas and semantics are declared in csrc/kernels/schemas.cpp. The two config i
 kernel configuration (tuning, experiments); 0 and 0 choose one per shape.
 
 torch.ops.linrec.triton_forward and torch.ops.linrec.triton_backward are the same ops run by the Triton
-kernels (_triton/), declared here with the same arguments; their two config ints force a tile
+kernels (triton/), declared here from the compiled ops' schemas; their two config ints force a tile
 (block_length, block_channels). triton is imported at their first call, not here.
 """
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from ._checks import check_arguments
-from ._runtime import build_info
+from .checks import check_arguments
+from .runtime import build_info
 
 MIN_TORCH = (2, 10)
-_LIBRARY_DIR = Path(__file__).parent
+_LIBRARY_DIR = Path(__file__).parent.parent  # the package's directory, where setup.py builds the libraries
 _CPU_LIBRARY = _LIBRARY_DIR / "_C.so"
 _CUDA_LIBRARY = _LIBRARY_DIR / "_C_cuda.so"
 
@@ -56,25 +56,30 @@ if HAS_CUDA_KERNELS:
 
 
 _TRITON_LIBRARY = torch.library.Library("linrec", "FRAGMENT")
-_CONFIG_ARGUMENTS = "int block_length=0, int block_channels=0"
-_TRITON_LIBRARY.define(
-    "triton_forward(Tensor inputs, Tensor coeffs, int dim=-1, bool reverse=False, Tensor? initial=None, "
-    f"Tensor? cu_seqlens=None, bool log_coeffs=False, {_CONFIG_ARGUMENTS}) -> Tensor"
-)
-_TRITON_LIBRARY.define(
-    "triton_backward(Tensor d_outputs, Tensor coeffs, Tensor outputs, int dim=-1, bool reverse=False, "
-    f"Tensor? initial=None, Tensor? cu_seqlens=None, bool log_coeffs=False, {_CONFIG_ARGUMENTS}) "
-    "-> (Tensor, Tensor, Tensor)"
-)
+# The Triton ops take the compiled ops' schemas: the same arguments, the two config ints named for a tile.
+_TRITON_CONFIG_NAMES = {"threads_per_sequence": "block_length", "vectors_per_thread": "block_channels"}
+
+
+def _triton_schema(op: torch._ops.OpOverload) -> str:
+    """The schema of op's Triton twin: ``triton_<name>``, with the config arguments renamed."""
+    schema = str(op._schema).removeprefix("linrec::")
+    for name, triton_name in _TRITON_CONFIG_NAMES.items():
+        assert f"int {name}=" in schema, f"linrec: the schema of {op} has no config argument {name}"
+        schema = schema.replace(f"int {name}=", f"int {triton_name}=")
+    return f"triton_{schema}"
+
+
+_TRITON_LIBRARY.define(_triton_schema(torch.ops.linrec.forward.default))
+_TRITON_LIBRARY.define(_triton_schema(torch.ops.linrec.backward.default))
 
 
 def _triton_launch():
-    from ._triton import missing
+    from .triton import missing
 
     problem = missing()
     if problem is not None:
         raise RuntimeError(problem)
-    from ._triton import launch
+    from .triton import launch
 
     return launch
 
@@ -136,7 +141,3 @@ def _backward_fake(
 for _prefix in ("", "triton_"):
     torch.library.register_fake(f"linrec::{_prefix}forward", _forward_fake)
     torch.library.register_fake(f"linrec::{_prefix}backward", _backward_fake)
-
-
-# The derivatives (Autograd kernels) and the batching rules, registered on the ops loaded above.
-from . import _autograd, _vmap  # noqa: E402, F401

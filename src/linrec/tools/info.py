@@ -1,4 +1,4 @@
-"""Prints what linrec was built for and what this machine runs: ``python -m linrec.info``.
+"""Prints what linrec was built for and what this machine runs: ``python -m linrec info``.
 
 The build: version, CUDA release and targets of the kernels, the oldest torch the libraries load
 into. The runtime: Python, torch and its CUDA, the NVIDIA driver, each GPU and which of the build's
@@ -7,17 +7,18 @@ targets run on it, and, where the build's kernels cannot run, why. Paste it into
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 
 import torch
 
-from . import HAS_CUDA_KERNELS
-from ._runtime import build_info, cuda_driver_version, cuda_problem, cuda_version_name, targets_for
+from .._core.library import HAS_CUDA_KERNELS
+from .._core.runtime import build_info, cuda_driver_version, cuda_problem, cuda_version_name, targets_for
 
 
 def report() -> list[str]:
-    """The lines ``python -m linrec.info`` prints."""
+    """The lines ``python -m linrec info`` prints."""
     info = build_info()
     if info["built_with_torch"] is None:
         build = "no build record (libraries built outside setup.py)"
@@ -47,10 +48,7 @@ def report() -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(prog="python -m linrec info", description=__doc__.split("\n\n")[0]).parse_args(argv)
     print("\n".join(report()))
     sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    main()

@@ -10,9 +10,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ._version import __version__
+from .._version import __version__
 
-_BUILD_INFO = Path(__file__).parent / "_build_info.json"
+_BUILD_INFO = Path(__file__).parent.parent / "_build_info.json"  # beside the libraries
 
 
 @cache

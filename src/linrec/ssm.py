@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import linrec as _package  # the package; its ``linrec`` function is looked up at call time
+from .scan import linrec
 
 _OP = "selective_scan"
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -108,7 +108,7 @@ def selective_scan(
     else:
         coeffs, log_coeffs = step, True  # the kernels take exp(delta * A) from its log
     inputs = _spread(delta_wide * u_wide, B_wide)  # delta_t * B_t * u_t, (batch, d, n, length)
-    states = _package.linrec(inputs, coeffs.contiguous(), dim=-1, log_coeffs=log_coeffs, backend=backend)
+    states = linrec(inputs, coeffs.contiguous(), dim=-1, log_coeffs=log_coeffs, backend=backend)
 
     y = _contract(states, C_wide)  # (batch, d, length)
     if complex_state:
