@@ -291,7 +291,39 @@ def _family_transforms(device, rank, world, seed):
         yield f"compile {backend}", lambda backend=backend: check_compile(backend)
 
 
-FAMILIES = {"matches": _family_matches, "errors": _family_errors, "transforms": _family_transforms}
+def _family_nonfinite(device, rank, world, seed):
+    """The recurrence's IEEE answer across ranks: an infinite or NaN input or coefficient in the first
+    rank's chunk (the last one's with reverse) is NaN, +Inf or -Inf on every later rank exactly where the
+    float64 loop over the whole sequence is, forward and backward."""
+    chunks = (3, 2, 4)[:world] if world > 1 else (7,)
+    length = sum(chunks)
+    for where, value in (("inputs", "inf"), ("inputs", "-inf"), ("coeffs", "inf"), ("inputs", "nan"), ("coeffs", "nan")):
+        for reverse in (False, True):
+            def case(where=where, value=float(value), reverse=reverse):
+                generator = torch.Generator().manual_seed(seed)
+                inputs = torch.randn(2, length, generator=generator, dtype=torch.float64)
+                coeffs = 0.5 + 0.5 * torch.rand(2, length, generator=generator, dtype=torch.float64)
+                (inputs if where == "inputs" else coeffs)[1, length - 2 if reverse else 1] = value
+                exact = linrec.linrec(inputs.requires_grad_(), coeffs.requires_grad_(), reverse=reverse, backend="loop")
+                d_outputs = torch.randn(2, length, generator=generator, dtype=torch.float64)
+                exact_grads = torch.autograd.grad(exact, (inputs, coeffs), d_outputs)
+                local = [_chunk(t.detach(), -1, 2, chunks, rank).to(device, torch.float32).requires_grad_()
+                         for t in (inputs, coeffs)]
+                outputs = linrec.distributed.linrec(*local, reverse=reverse)
+                grads = torch.autograd.grad(outputs, local, _chunk(d_outputs, -1, 2, chunks, rank).to(device, torch.float32))
+                for name, actual, want in zip(("outputs", "d_inputs", "d_coeffs"), (outputs, *grads),
+                                              (exact, *exact_grads)):
+                    want = _chunk(want.detach(), -1, 2, chunks, rank)
+                    actual = actual.detach().cpu().double()
+                    for test in (torch.isnan, torch.isposinf, torch.isneginf):
+                        assert torch.equal(test(actual), test(want)), f"{name}: {test.__name__} differs from the loop"
+                    finite = torch.isfinite(want)
+                    assert torch.allclose(actual[finite], want[finite], rtol=1e-4, atol=1e-4), name
+            yield f"{where}={value} reverse={reverse}", case
+
+
+FAMILIES = {"matches": _family_matches, "errors": _family_errors, "transforms": _family_transforms,
+            "nonfinite": _family_nonfinite}
 
 
 def _rank_main(rank, world, device, seed, directory):
