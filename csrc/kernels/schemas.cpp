@@ -1,5 +1,5 @@
 // The linrec op schemas, declared once. Device kernels register in their own files
-// (cpu/linrec_cpu.cpp, cuda/linrec_cuda.cpp); fake kernels and autograd in src/linrec/_ops.py.
+// (cpu/linrec_cpu.cpp, cuda/linrec_cuda.cpp); fake kernels in src/linrec/_core/library.py, autograd in src/linrec/_core/autograd.py.
 #include <torch/csrc/stable/library.h>
 
 STABLE_TORCH_LIBRARY(linrec, m) {
