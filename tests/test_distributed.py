@@ -320,6 +320,44 @@ def _family_nonfinite(device, rank, world, seed):
                     finite = torch.isfinite(want)
                     assert torch.allclose(actual[finite], want[finite], rtol=1e-4, atol=1e-4), name
             yield f"{where}={value} reverse={reverse}", case
+    yield from _extreme_products(device, rank, world, seed, chunks)
+
+
+def _extreme_products(device, rank, world, seed, chunks):
+    """A product of the middle chunk's coefficients that underflows (an infinite state carried through
+    tiny coefficients stays infinite) or overflows (a tiny state carried through huge ones stays finite)
+    where the loop's states do neither: the float32 loop's answer, outputs and gradients (the underflow)
+    or outputs (the overflow, whose gradients overflow in float32 on every path)."""
+    length, middle = sum(chunks), slice(3, 5)
+    for regime in ("underflow", "overflow"):
+        for reverse in (False, True):
+            def case(regime=regime, reverse=reverse):
+                generator = torch.Generator().manual_seed(seed)
+                inputs = torch.randn(2, length, generator=generator)
+                coeffs = 0.5 + 0.5 * torch.rand(2, length, generator=generator)
+                before = slice(5, length) if reverse else slice(0, 3)  # the chunk before the middle one
+                if regime == "underflow":
+                    coeffs[:, middle] = 1e-30
+                    inputs[1, length - 2 if reverse else 1] = float("inf")
+                else:
+                    coeffs[:, middle] = 1e25
+                    inputs[:, before] *= 1e-30
+                exact = linrec.linrec(inputs.requires_grad_(), coeffs.requires_grad_(), reverse=reverse, backend="loop")
+                d_outputs = torch.randn(2, length, generator=generator)
+                wanted = [exact]
+                if regime == "underflow":
+                    wanted += torch.autograd.grad(exact, (inputs, coeffs), d_outputs)
+                local = [_chunk(t.detach(), -1, 2, chunks, rank).to(device).requires_grad_() for t in (inputs, coeffs)]
+                outputs = linrec.distributed.linrec(*local, reverse=reverse)
+                found = [outputs, *torch.autograd.grad(outputs, local, _chunk(d_outputs, -1, 2, chunks, rank).to(device))]
+                for name, actual, want in zip(("outputs", "d_inputs", "d_coeffs"), found, wanted):
+                    want = _chunk(want.detach(), -1, 2, chunks, rank)
+                    actual = actual.detach().cpu()
+                    for test in (torch.isnan, torch.isposinf, torch.isneginf):
+                        assert torch.equal(test(actual), test(want)), f"{name}: {test.__name__} differs from the loop"
+                    finite = torch.isfinite(want)
+                    assert torch.allclose(actual[finite], want[finite], rtol=1e-4, atol=1e-4), name
+            yield f"{regime} of the middle chunk's product reverse={reverse}", case
 
 
 FAMILIES = {"matches": _family_matches, "errors": _family_errors, "transforms": _family_transforms,

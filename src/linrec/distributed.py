@@ -265,6 +265,36 @@ def _gather(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return gathered.view(group.size(), *local.shape)
 
 
+def _rank_at(position: int, world: int, reverse: bool) -> int:
+    """The rank holding the chunk at ``position`` in the scan's order."""
+    return world - 1 - position if reverse else position
+
+
+def _nonfinite_positions(leaving: torch.Tensor, reverse: bool) -> list[int]:
+    """The places in scan order of the chunks whose composed state (or gradient) holds a non-finite value.
+
+    Composed through products of coefficients, such a value may differ from the loop's: a product that
+    underflows to 0 turns an infinite state NaN, one that overflows turns a tiny state infinite. From the
+    first such chunk on, the states are passed from rank to rank instead, each the end of its chunk's scan
+    (which gives the loop's answer), one rank after the other. Every rank computes the same list from the
+    same gathered maps, so they agree on it without a message."""
+    finite = torch.isfinite(leaving.reshape(leaving.shape[0], -1)).all(1)
+    by_position = finite.flip(0) if reverse else finite
+    return (~by_position).nonzero().flatten().tolist()
+
+
+def _send(state: torch.Tensor, group: dist.ProcessGroup, rank: int) -> None:
+    real = torch.view_as_real(state) if state.is_complex() else state
+    dist.send(real.contiguous(), dst=dist.get_global_rank(group, rank), group=group)
+
+
+def _receive(like: torch.Tensor, group: dist.ProcessGroup, rank: int) -> torch.Tensor:
+    state = torch.empty_like(like, memory_format=torch.contiguous_format)
+    dist.recv(torch.view_as_real(state) if state.is_complex() else state, src=dist.get_global_rank(group, rank),
+              group=group)
+    return state
+
+
 def _coeff_product(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int, log_coeffs: bool) -> torch.Tensor:
     """The product of this chunk's coefficients along time, in the state's shape and the carry dtype."""
     dtype, length = compute_dtype(inputs.dtype), inputs.shape[dim]
@@ -310,15 +340,23 @@ def _forward_kernel(inputs, coeffs, initial, dim, reverse, log_coeffs, group_nam
             if position > 0:  # the first chunk's final state already holds everything before it
                 product = _coeff_product(inputs, coeffs, dim, log_coeffs)
         maps = _gather(torch.stack([product, final]), group)
+        # The maps composed in scan order (a recurrence over the ranks): the state each chunk leaves.
+        leaving = kernels.forward(maps[:, 1], maps[:, 0], 0, reverse, None, None, False)
+        unsure = _nonfinite_positions(leaving, reverse)[:world - 1] if world > 1 else []
+        chained = unsure[0] if unsure else world - 1
+        if position > chained:  # the chunks after it start from the state their predecessor's scan leaves
+            incoming = _receive(incoming, group, _rank_at(position - 1, world, reverse))
+        elif position > 0:  # this chunk starts from the state the chunk before it leaves
+            incoming = leaving[rank + 1 if reverse else rank - 1]
         if position > 0:
-            # The maps composed in scan order (a recurrence over the ranks); this chunk starts from the state
-            # the chunk before it leaves.
-            through = kernels.forward(maps[:, 1], maps[:, 0], 0, reverse, None, None, False)
-            incoming = through[rank + 1 if reverse else rank - 1]
-            start = incoming.to(_state_dtype(inputs, coeffs, initial))
-            outputs = kernels.forward(inputs, coeffs, dim, reverse, start, None, log_coeffs)
+            outputs = kernels.forward(inputs, coeffs, dim, reverse, incoming.to(_state_dtype(inputs, coeffs, initial)),
+                                      None, log_coeffs)
         elif outputs is None:  # the group's only chunk, or an empty first one
             outputs = kernels.forward(inputs, coeffs, dim, reverse, initial, None, log_coeffs)
+        if chained <= position < world - 1:
+            start = incoming if position > 0 or initial is None else initial.to(incoming.dtype)
+            passed = outputs.select(dim, 0 if reverse else length - 1).to(start.dtype) if length else start
+            _send(passed, group, _rank_at(position + 1, world, reverse))
     # What the backward needs of this chunk: its product of coefficients and the state it started from.
     return outputs, torch.stack([product, incoming])
 
@@ -337,11 +375,17 @@ def _backward_kernel(d_outputs, coeffs, outputs, initial, carries, dim, reverse,
             if length:
                 arriving = gradients[2].to(arriving.dtype)
         maps = _gather(torch.stack([carries[0], arriving]), group)
+        # The maps of the gradient composed against the scan's direction, with the conjugated coefficient
+        # products: the gradient each chunk passes to the one before it.
+        leaving = kernels.forward(maps[:, 1], maps[:, 0].conj(), 0, not reverse, None, None, False)
+        unsure = [place for place in _nonfinite_positions(leaving, reverse) if place > 0] if world > 1 else []
+        chained = unsure[-1] if unsure else 0
+        carry = arriving
+        if position < chained:  # the chunks before it take the gradient their successor's backward passes
+            carry = _receive(arriving, group, _rank_at(position + 1, world, reverse))
+        elif position < world - 1:  # the gradient reaching this chunk's last step from the later chunks
+            carry = leaving[rank - 1 if reverse else rank + 1]
         if position < world - 1:
-            # The gradient reaching this chunk's last step from the later chunks: their maps of the gradient
-            # composed against the scan's direction, with the conjugated coefficient products.
-            through = kernels.forward(maps[:, 1], maps[:, 0].conj(), 0, not reverse, None, None, False)
-            carry = through[rank - 1 if reverse else rank + 1]
             driving = d_outputs.clone()
             if length:  # added in the carry's dtype, rounded to d_outputs' once
                 driving.select(dim, 0 if reverse else length - 1).add_(carry)
@@ -350,6 +394,9 @@ def _backward_kernel(d_outputs, coeffs, outputs, initial, carries, dim, reverse,
                 gradients = (*gradients[:2], carry.to(initial.dtype))
         elif gradients is None:  # the group's only chunk
             gradients = kernels.backward(d_outputs, coeffs, outputs, dim, reverse, incoming, None, log_coeffs)
+        if 0 < position <= chained:
+            passed = gradients[2].to(carry.dtype) if length else carry
+            _send(passed, group, _rank_at(position - 1, world, reverse))
         d_inputs, d_coeffs, d_initial = gradients
     if initial is None:
         return d_inputs, d_coeffs, d_initial
