@@ -283,16 +283,23 @@ def _nonfinite_positions(leaving: torch.Tensor, reverse: bool) -> list[int]:
     return (~by_position).nonzero().flatten().tolist()
 
 
+def _point_to_point_device(state: torch.Tensor, group: dist.ProcessGroup) -> torch.device:
+    """Where a state travels between two ranks: its own device, or the CPU for CUDA tensors in a group
+    without NCCL (gloo sends and receives CPU tensors only)."""
+    return state.device if state.device.type != "cuda" or "nccl" in str(dist.get_backend(group)) else torch.device("cpu")
+
+
 def _send(state: torch.Tensor, group: dist.ProcessGroup, rank: int) -> None:
-    real = torch.view_as_real(state) if state.is_complex() else state
-    dist.send(real.contiguous(), dst=dist.get_global_rank(group, rank), group=group)
+    travelling = state.to(_point_to_point_device(state, group)).contiguous()
+    dist.send(torch.view_as_real(travelling) if travelling.is_complex() else travelling,
+              dst=dist.get_global_rank(group, rank), group=group)
 
 
 def _receive(like: torch.Tensor, group: dist.ProcessGroup, rank: int) -> torch.Tensor:
-    state = torch.empty_like(like, memory_format=torch.contiguous_format)
+    state = torch.empty_like(like, memory_format=torch.contiguous_format, device=_point_to_point_device(like, group))
     dist.recv(torch.view_as_real(state) if state.is_complex() else state, src=dist.get_global_rank(group, rank),
               group=group)
-    return state
+    return state.to(like.device)
 
 
 def _coeff_product(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int, log_coeffs: bool) -> torch.Tensor:
