@@ -1,6 +1,7 @@
 """The cost of one call on a tiny tensor, where the host's work is all there is: forward and backward of a
 (4, 8) float32 tensor through autograd against the same with torch.mul, and the public forward against
-the op called directly. Medians of 7 rounds of 2000 calls, after 200 warm-up calls, in one process."""
+the op called directly. Medians of 7 rounds of 2000 calls, after 200 warm-up calls, in one process
+(``median_us`` is the host timer of tools/triton_per_call.py too)."""
 
 import time
 
@@ -9,16 +10,20 @@ import torch
 import linrec
 
 
-def median_us(fn, calls: int = 2000) -> float:
-    for _ in range(200):
+def median_us(fn, calls: int = 2000, rounds: int = 7, synchronize=lambda: None) -> float:
+    """Median microseconds of host time per call over ``rounds`` rounds of ``calls`` calls, after warm-up;
+    ``synchronize`` ends each round (torch.cuda.synchronize on the GPU, where calls are asynchronous)."""
+    for _ in range(max(calls // 10, 1)):
         fn()
-    rounds = []
-    for _ in range(7):
+    synchronize()
+    times = []
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        rounds.append((time.perf_counter() - start) / calls)
-    return sorted(rounds)[3] * 1e6
+        synchronize()
+        times.append((time.perf_counter() - start) / calls)
+    return sorted(times)[rounds // 2] * 1e6
 
 
 def main() -> None:

@@ -2,26 +2,15 @@
 is: the forward op, the backward op, and forward+backward through the public API with autograd, next
 to the compiled CUDA kernels' (medians of 5 rounds of 500 calls, synchronized once per round)."""
 
-import time
-
 import torch
+from per_call import median_us as host_us  # tools/ is on the path of a script run from it
 
 from linrec import linrec
 from linrec._core.autograd import COMPILED, TRITON
 
 
-def median_us(fn, calls: int = 500) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - start) / calls)
-    return sorted(rounds)[2] * 1e6
+def median_us(fn) -> float:
+    return host_us(fn, calls=500, rounds=5, synchronize=torch.cuda.synchronize)
 
 
 def main() -> None:

@@ -138,6 +138,32 @@ def _program_tile(channels, rows, batch1, channel_blocks, segment_length, length
 
 
 @triton.jit
+def _chunk_positions(segment_start, segment_end, chunk, col_valid, BLOCK_L: tl.constexpr, INDEX_64: tl.constexpr):
+    """The time positions of chunk ``chunk`` of a segment, which of them are in it, and the (BLOCK_L, BLOCK_C)
+    mask of its valid elements."""
+    positions = segment_start + chunk * BLOCK_L + tl.arange(0, BLOCK_L)
+    valid = positions < segment_end
+    if INDEX_64:
+        positions = positions.to(tl.int64)
+    return positions, valid, valid[:, None] & col_valid[None, :]
+
+
+@triton.jit
+def _fold_product(scanned_coeffs, scanned_errors, last, product, product_error, BLOCK_L: tl.constexpr):
+    """The running product of a segment's coefficients (and its error) times the chunk's, whose composed
+    coefficient is the scan's row ``last``."""
+    return _times(_row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L), product,
+                  product_error)
+
+
+@triton.jit
+def _store_aggregate(carries_ptr, products_ptr, state_offset, carry, product, product_error, col_valid):
+    """A segment's map: its final state from zero and its product of coefficients (error folded in, in float64)."""
+    tl.store(carries_ptr + state_offset, carry, mask=col_valid)
+    tl.store(products_ptr + state_offset, product.to(tl.float64) + product_error.to(tl.float64), mask=col_valid)
+
+
+@triton.jit
 def linrec_forward_kernel(
     inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr, carries_ptr, products_ptr,
     flags_ptr, length, channels, rows, batch1, channel_blocks, segment_length,
@@ -169,11 +195,7 @@ def linrec_forward_kernel(
     chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
     for step in range(0, chunks):
         chunk = chunks - 1 - step if REVERSE else step
-        positions = segment_start + chunk * BLOCK_L + tl.arange(0, BLOCK_L)
-        valid = positions < segment_end
-        if INDEX_64:
-            positions = positions.to(tl.int64)
-        mask = valid[:, None] & col_valid[None, :]
+        positions, valid, mask = _chunk_positions(segment_start, segment_end, chunk, col_valid, BLOCK_L, INDEX_64)
         inputs = tl.load(inputs_ptr + positions[:, None] * inputs_l, mask=mask, other=0.0).to(ACC)
         coeffs = _load_coeffs(coeffs_ptr + positions[:, None] * coeffs_l, mask, ACC, LOG_COEFFS)
         first, sequence = _first_steps(positions, valid, length, cu_seqlens_ptr, sequence_ptr, REVERSE, PACKED)
@@ -191,14 +213,12 @@ def linrec_forward_kernel(
         # Positions past the end read the identity, so the tile's last row in scan order is the state.
         carry = _row_at(outputs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
         if AGGREGATE:
-            last = 0 if REVERSE else BLOCK_L - 1
-            last_coeffs, last_errors = _row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L)
-            product, product_error = _times(last_coeffs, last_errors, product, product_error)
+            product, product_error = _fold_product(scanned_coeffs, scanned_errors, 0 if REVERSE else BLOCK_L - 1,
+                                                   product, product_error, BLOCK_L)
         else:
             _flag_nonfinite(outputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
     if AGGREGATE:
-        tl.store(carries_ptr + state_offset, carry, mask=col_valid)
-        tl.store(products_ptr + state_offset, product.to(tl.float64) + product_error.to(tl.float64), mask=col_valid)
+        _store_aggregate(carries_ptr, products_ptr, state_offset, carry, product, product_error, col_valid)
 
 
 @triton.jit
@@ -241,11 +261,7 @@ def linrec_backward_kernel(
     chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
     for step in range(0, chunks):
         chunk = step if REVERSE else chunks - 1 - step
-        positions = segment_start + chunk * BLOCK_L + tl.arange(0, BLOCK_L)
-        valid = positions < segment_end
-        if INDEX_64:
-            positions = positions.to(tl.int64)
-        mask = valid[:, None] & col_valid[None, :]
+        positions, valid, mask = _chunk_positions(segment_start, segment_end, chunk, col_valid, BLOCK_L, INDEX_64)
         first, sequence = _first_steps(positions, valid, length, cu_seqlens_ptr, sequence_ptr, REVERSE, PACKED)
         # The coefficient that carries d_inputs back from the next position: zero past the sequence's end.
         following = positions + step_along
@@ -262,9 +278,8 @@ def linrec_backward_kernel(
         d_inputs = _advance(scanned_coeffs, scanned_errors, carry[None, :], scanned)
         carry = _row_at(d_inputs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
         if AGGREGATE:
-            last = BLOCK_L - 1 if REVERSE else 0
-            last_coeffs, last_errors = _row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L)
-            product, product_error = _times(last_coeffs, last_errors, product, product_error)
+            product, product_error = _fold_product(scanned_coeffs, scanned_errors, BLOCK_L - 1 if REVERSE else 0,
+                                                   product, product_error, BLOCK_L)
         else:
             _flag_nonfinite(d_inputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
             tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),
@@ -278,8 +293,7 @@ def linrec_backward_kernel(
                 tl.store(d_coeffs_ptr + positions[:, None] * d_coeffs_l, d_coeffs.to(d_coeffs_ptr.dtype.element_ty),
                          mask=mask)
     if AGGREGATE:
-        tl.store(carries_ptr + state_offset, carry, mask=col_valid)
-        tl.store(products_ptr + state_offset, product.to(tl.float64) + product_error.to(tl.float64), mask=col_valid)
+        _store_aggregate(carries_ptr, products_ptr, state_offset, carry, product, product_error, col_valid)
     elif SUM_COEFFS_OVER_TIME:
         tl.store(d_coeffs_ptr, d_coeffs_sum[None, :].to(d_coeffs_ptr.dtype.element_ty), mask=col_valid[None, :])
 
