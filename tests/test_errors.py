@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import linrec
+from linrec._core.checks import api_error
 
 X = torch.randn(3, 5)
 C = torch.rand(3, 5)
@@ -64,35 +65,55 @@ def test_offsets_changed_in_place_are_checked_again(device):
         linrec.linrec(inputs, coeffs, cu_seqlens=offsets)
 
 
-# What the C++ ops' argument errors arrive as, called directly (linrec.linrec checks in Python first and
-# raises ValueError or TypeError on every torch): ValueError up to torch 2.13; torch 2.15's stable ABI
-# hands them over as RuntimeError (seen with 2.15.0); 2.14 not yet run, so either.
+# What the C++ ops' argument errors arrive as, called directly (linrec.linrec raises the type their message
+# ends with, or ValueError, on every torch): ValueError up to torch 2.13; torch 2.15's stable ABI hands
+# them over as RuntimeError (seen with 2.15.0); 2.14 not yet run, so either.
 OP_ERRORS = (ValueError,) if tuple(int(n) for n in torch.__version__.split(".")[:2]) <= (2, 13) else (ValueError, RuntimeError)
 
 
-@pytest.mark.parametrize(
-    "args, kwargs, message",
-    [
-        ((X, torch.rand(3, 4)), {}, r"linrec.forward: coeffs must be broadcastable to the shape of inputs \[3, 5\], got \[3, 4\]"),
-        ((X, C.double()), {}, r"linrec.forward: coeffs must have the dtype of inputs"),
-        # 16-bit inputs take float32 coeffs and initial too (mixed precision), and no other dtype.
-        ((X.bfloat16(), C.half()), {}, r"linrec.forward: coeffs must have the dtype of inputs"),
-        ((X.half(), C), dict(initial=torch.rand(3).double()), r"linrec.forward: initial must have the dtype of inputs"),
-        ((X.double(), C.double()), dict(initial=torch.rand(3)), r"linrec.forward: initial must have the dtype of inputs"),
-        ((X.long(), C.long()), {}, r"linrec.forward: inputs must be float32, float64, float16, bfloat16, complex64 or complex128, got Long"),
-        ((torch.tensor(1.0), torch.tensor(1.0)), {}, r"linrec.forward: inputs must have at least one dim"),
-        ((X, C), dict(dim=2), r"linrec.forward: dim must be in \[-2, 1\] for a 2-dim inputs, got 2"),
-        ((X, C), dict(initial=torch.rand(5)), r"linrec.forward: initial must have shape \[3\]"),
-        ((X.cdouble(), C.cdouble()), dict(log_coeffs=True), r"linrec.forward: log_coeffs=True takes real coefficients"),
-        ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 2, 5])), r"linrec.forward: cu_seqlens must be non-decreasing"),
-        ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 6])), r"linrec.forward: cu_seqlens must end at the length of dim 2 of inputs \(5\), got 6"),
-        ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 9, 5])[::2]), r"linrec.forward: cu_seqlens must be contiguous, got stride 2"),
-        ((X, C), dict(cu_seqlens=torch.tensor([0, 5])), r"linrec.forward: with cu_seqlens, inputs .* batch dim \(dim 0\) of size 1"),
-    ],
-)
+OP_CASES = [
+    ((X, torch.rand(3, 4)), {}, r"linrec.forward: coeffs must be broadcastable to the shape of inputs \[3, 5\], got \[3, 4\]"),
+    ((X, C.double()), {}, r"linrec.forward: coeffs must have the dtype of inputs"),
+    # 16-bit inputs take float32 coeffs and initial too (mixed precision), and no other dtype.
+    ((X.bfloat16(), C.half()), {}, r"linrec.forward: coeffs must have the dtype of inputs"),
+    ((X.half(), C), dict(initial=torch.rand(3).double()), r"linrec.forward: initial must have the dtype of inputs"),
+    ((X.double(), C.double()), dict(initial=torch.rand(3)), r"linrec.forward: initial must have the dtype of inputs"),
+    ((X.long(), C.long()), {}, r"linrec.forward: inputs must be float32, float64, float16, bfloat16, complex64 or complex128, got torch.int64"),
+    ((torch.tensor(1.0), torch.tensor(1.0)), {}, r"linrec.forward: inputs must have at least one dim"),
+    ((X, C), dict(dim=2), r"linrec.forward: dim must be in \[-2, 1\] for a 2-dim tensor, got 2"),
+    ((X, C), dict(initial=torch.rand(5)), r"linrec.forward: initial must have shape \[3\]"),
+    ((X.cdouble(), C.cdouble()), dict(log_coeffs=True), r"linrec.forward: log_coeffs=True takes real coefficients"),
+    ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 2, 5])), r"linrec.forward: cu_seqlens must be non-decreasing"),
+    ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 3, 6])), r"linrec.forward: cu_seqlens must end at the length of the time dim \(5\), got 6"),
+    ((X[None], C[None]), dict(cu_seqlens=torch.tensor([0, 9, 5])[::2]), r"linrec.forward: cu_seqlens must be contiguous, got stride 2"),
+    ((X, C), dict(cu_seqlens=torch.tensor([0, 5])), r"linrec.forward: with cu_seqlens, inputs .* batch dim \(dim 0\) of size 1"),
+]
+
+
+@pytest.mark.parametrize("args, kwargs, message", OP_CASES)
 def test_forward_op_checks_its_arguments(args, kwargs, message):
     with pytest.raises(OP_ERRORS, match=message):
         torch.ops.linrec.forward(*args, **kwargs)
+
+
+def _meta(value):
+    """A meta tensor of value's shape, strides and dtype."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+
+
+@pytest.mark.parametrize("args, kwargs, message", [case for case in OP_CASES if "cu_seqlens must" not in case[2]
+                                                   or "contiguous" in case[2]])
+def test_fake_kernels_raise_what_the_op_raises(args, kwargs, message):
+    """The C++ op's checks and the fake kernel's (which torch.compile and meta tensors run) give the same
+    message, and the exception type the op's message stands for (the offsets' values are not on meta)."""
+    with pytest.raises(OP_ERRORS) as op_error:
+        torch.ops.linrec.forward(*args, **kwargs)
+    with pytest.raises((TypeError, ValueError, IndexError)) as fake_error:
+        torch.ops.linrec.forward(*map(_meta, args), **{name: _meta(value) for name, value in kwargs.items()})
+    from_op, from_fake = api_error("linrec", op_error.value), api_error("linrec", fake_error.value)
+    assert (type(from_op), str(from_op)) == (type(from_fake), str(from_fake))
 
 
 def test_backward_op_checks_its_arguments():

@@ -33,7 +33,7 @@ from ._core.autograd import (
     forward_tangent_operand,
     save_for_forward,
 )
-from ._core.checks import SUPPORTED_DTYPES, check_arguments, check_bool, initial_shape
+from ._core.checks import SUPPORTED_DTYPES, check_argument_types, check_arguments, initial_shape
 from ._core.steps import previous_step
 from .reference import compute_dtype  # the maps are composed in the kernels' accumulation type
 
@@ -116,15 +116,7 @@ def _resolve(group_name: str) -> dist.ProcessGroup:
 def _argument_types_problem(inputs, coeffs, dim, reverse, initial, log_coeffs) -> Exception | None:
     """What the op's schema refuses before its kernel runs (and so before the ranks' check)."""
     try:
-        for name, value in (("inputs", inputs), ("coeffs", coeffs)):
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"{_OP}: {name} must be a torch.Tensor, got {type(value).__name__}")
-        if initial is not None and not isinstance(initial, torch.Tensor):
-            raise TypeError(f"{_OP}: initial must be a torch.Tensor or None, got {type(initial).__name__}")
-        if not isinstance(dim, int) or isinstance(dim, bool):
-            raise TypeError(f"{_OP}: dim must be an int, got {type(dim).__name__}")
-        check_bool(_OP, "reverse", reverse)
-        check_bool(_OP, "log_coeffs", log_coeffs)
+        check_argument_types(_OP, inputs, coeffs, dim, reverse, initial, None, log_coeffs)
     except TypeError as error:
         return error
     return None

@@ -1,4 +1,4 @@
-"""The public op: ``linrec`` checks its arguments, chooses the backend and calls the op or a reference."""
+"""The public op: ``linrec`` chooses the backend and calls its op, which checks the arguments, or a reference."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import torch
 
 from ._core.autograd import COMPILED, apply_forward, direct
 from ._core.backend import choose
-from ._core.checks import check_arguments, check_bool, check_cu_seqlens_values
+from ._core.checks import (
+    api_error,
+    check_argument_types,
+    check_arguments,
+    check_bool,
+    check_cu_seqlens_values,
+    check_device_offsets,
+)
 from .reference import REFERENCES, linrec_reference
 
 #: Every value ``backend`` accepts: the compiled kernels ("auto"), the Triton kernels and the pure-PyTorch
@@ -71,30 +78,34 @@ def linrec(
         >>> torch.allclose(linrec(x, c, dim=1, initial=h)[:, 0], c * h + x[:, 0])
         True
     """
-    if (backend == "auto" and cu_seqlens is None and type(dim) is int and type(reverse) is bool
-            and type(log_coeffs) is bool and direct((inputs, coeffs, initial))):
-        # The common eager call leaves the tensor checks to the op, which checks the same conditions. The API's
-        # checks run when the call fails, so that a bad argument raises the API's exception and message (the
-        # same on every torch version) rather than the op's.
-        try:
-            kernels = COMPILED if inputs.is_cpu else choose(backend, inputs)
-            return apply_forward(kernels, inputs, coeffs, dim, reverse, initial, None, log_coeffs)
-        except Exception:
-            try:
-                check_arguments("linrec", inputs, coeffs, dim, initial, None, log_coeffs)
-                choose(backend, inputs)
-            except (TypeError, ValueError, IndexError, RuntimeError) as error:
-                raise error from None
-            raise
-    dim = check_arguments("linrec", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
-    check_bool("linrec", "reverse", reverse)
-    if cu_seqlens is not None and not torch.compiler.is_compiling():
-        check_cu_seqlens_values("linrec", cu_seqlens, inputs.shape[dim])
     if backend in ("auto", "triton"):
-        kernels = choose(backend, inputs)
-        if direct((inputs, coeffs, initial, cu_seqlens)):
-            return apply_forward(kernels, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
-        return kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+        try:
+            return _run_kernels(backend, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+        except (TypeError, ValueError, IndexError, RuntimeError, AttributeError) as error:
+            # The op checked its arguments: its error, under linrec's name and as the type its check stands
+            # for; arguments of the wrong Python type, which the op's schema refuses in its own words, first.
+            check_argument_types("linrec", inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+            translated = api_error("linrec", error)
+            if translated is None:
+                raise
+            raise translated from None
     if backend in REFERENCES:
+        dim = check_arguments("linrec", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
+        check_bool("linrec", "reverse", reverse)
+        if cu_seqlens is not None and not torch.compiler.is_compiling():
+            check_cu_seqlens_values("linrec", cu_seqlens, inputs.shape[dim])
         return linrec_reference(REFERENCES[backend], inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
     raise ValueError(f"linrec: backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+
+
+def _run_kernels(backend, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs) -> torch.Tensor:
+    """The call on the op family ``backend`` chooses, which checks the arguments. The values of CUDA
+    offsets are checked here, once per tensor: an op cannot afford their copy to the host on every call."""
+    if type(dim) is not int or type(reverse) is not bool or type(log_coeffs) is not bool:
+        check_argument_types("linrec", inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)  # schemas take 1 as True
+    kernels = COMPILED if backend == "auto" and inputs.is_cpu else choose(backend, inputs)
+    if cu_seqlens is not None and cu_seqlens.is_cuda and not torch.compiler.is_compiling():
+        check_device_offsets("linrec", cu_seqlens, inputs, dim)
+    if direct((inputs, coeffs, initial, cu_seqlens)):
+        return apply_forward(kernels, inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
+    return kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)

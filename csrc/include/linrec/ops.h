@@ -41,7 +41,28 @@ inline std::string device_string(const Tensor& tensor) {
   return type + ":" + std::to_string(tensor.get_device_index());
 }
 
-inline std::string dtype_string(const Tensor& tensor) { return torch::headeronly::toString(tensor.scalar_type()); }
+// The dtype as Python prints it (torch.float32, not Float).
+inline std::string dtype_string(torch::headeronly::ScalarType dtype) {
+  using torch::headeronly::ScalarType;
+  switch (dtype) {
+    case ScalarType::Bool: return "torch.bool";
+    case ScalarType::Byte: return "torch.uint8";
+    case ScalarType::Char: return "torch.int8";
+    case ScalarType::Short: return "torch.int16";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Long: return "torch.int64";
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::Double: return "torch.float64";
+    case ScalarType::ComplexHalf: return "torch.complex32";
+    case ScalarType::ComplexFloat: return "torch.complex64";
+    case ScalarType::ComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + torch::headeronly::toString(dtype);
+  }
+}
+
+inline std::string dtype_string(const Tensor& tensor) { return dtype_string(tensor.scalar_type()); }
 
 inline std::vector<int64_t> sizes_of(const Tensor& tensor) {
   std::vector<int64_t> sizes(tensor.dim());
@@ -60,16 +81,17 @@ inline DType to_dtype(const Tensor& tensor, const char* op, const char* name) {
     case ScalarType::ComplexDouble: return DType::Complex128;
     default: break;
   }
-  throw std::invalid_argument(concat(op, ": ", name, " must be float32, float64, float16, bfloat16, complex64 or ",
-                                     "complex128, got ", dtype_string(tensor)));
+  LINREC_CHECK_TYPE(false, op, ": ", name, " must be float32, float64, float16, bfloat16, complex64 or complex128, got ",
+                   dtype_string(tensor));
+  return DType::Float32;
 }
 
 // `tensor` must be on the device of `like` and have its dtype.
 inline void check_like(const char* op, const char* name, const Tensor& tensor, const char* like_name, const Tensor& like) {
   LINREC_CHECK(tensor.device() == like.device(), op, ": ", name, " must be on the device of ", like_name, " (",
                device_string(like), "), got ", device_string(tensor));
-  LINREC_CHECK(tensor.scalar_type() == like.scalar_type(), op, ": ", name, " must have the dtype of ", like_name,
-               " (", dtype_string(like), "), got ", dtype_string(tensor));
+  LINREC_CHECK_TYPE(tensor.scalar_type() == like.scalar_type(), op, ": ", name, " must have the dtype of ", like_name,
+                    " (", dtype_string(like), "), got ", dtype_string(tensor));
 }
 
 inline bool is_16_bit(const Tensor& tensor) {
@@ -80,12 +102,16 @@ inline bool is_16_bit(const Tensor& tensor) {
 // coeffs and initial: on the device of `values`, of its dtype or, where it is 16-bit, float32.
 inline void check_coeff_like(const char* op, const char* name, const Tensor& tensor, const char* values_name,
                              const Tensor& values) {
-  if (!is_16_bit(values) || tensor.scalar_type() != torch::headeronly::ScalarType::Float) {
+  if (!is_16_bit(values)) {
     check_like(op, name, tensor, values_name, values);
     return;
   }
   LINREC_CHECK(tensor.device() == values.device(), op, ": ", name, " must be on the device of ", values_name, " (",
                device_string(values), "), got ", device_string(tensor));
+  LINREC_CHECK_TYPE(tensor.scalar_type() == values.scalar_type() ||
+                        tensor.scalar_type() == torch::headeronly::ScalarType::Float,
+                    op, ": ", name, " must have the dtype of ", values_name, " (", dtype_string(values),
+                    ") or float32, got ", dtype_string(tensor));
 }
 
 // `tensor` as `dtype`: itself where it has it, else a converted copy (exact: 16-bit to float32 only).
@@ -127,8 +153,8 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
   args.dtype = to_dtype(values, op, values_name);
   args.sizes = sizes_of(values);
   const int64_t ndim = values.dim();
-  LINREC_CHECK(dim >= -ndim && dim < ndim, op, ": dim must be in [", -ndim, ", ", ndim - 1, "] for a ", ndim,
-               "-dim ", values_name, ", got ", dim);
+  LINREC_CHECK_INDEX(dim >= -ndim && dim < ndim, op, ": dim must be in [", -ndim, ", ", ndim - 1, "] for a ", ndim,
+                     "-dim tensor, got ", dim);
   args.time_dim = dim < 0 ? dim + ndim : dim;
 
   check_coeff_like(op, "coeffs", coeffs, values_name, values);
@@ -149,9 +175,9 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
     const Tensor& offsets = *cu_seqlens;
     LINREC_CHECK(offsets.dim() == 1 && offsets.size(0) >= 2, op,
                  ": cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape ", shape_string(offsets));
-    LINREC_CHECK(offsets.scalar_type() == torch::headeronly::ScalarType::Int ||
-                     offsets.scalar_type() == torch::headeronly::ScalarType::Long,
-                 op, ": cu_seqlens must be int32 or int64, got ", dtype_string(offsets));
+    LINREC_CHECK_TYPE(offsets.scalar_type() == torch::headeronly::ScalarType::Int ||
+                          offsets.scalar_type() == torch::headeronly::ScalarType::Long,
+                      op, ": cu_seqlens must be int32 or int64, got ", dtype_string(offsets));
     LINREC_CHECK(offsets.device() == values.device(), op, ": cu_seqlens must be on the device of ", values_name, " (",
                  device_string(values), "), got ", device_string(offsets));
     // The kernels read the offsets as a plain array.
@@ -159,7 +185,9 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
     LINREC_CHECK(args.time_dim >= 1 && args.sizes[0] == 1, op, ": with cu_seqlens, ", values_name,
                  " packs its sequences along dim ", args.time_dim, " and must have a batch dim (dim 0) of size 1 "
                  "before it, got shape ", shape_string(args.sizes));
-    if (offsets.is_cpu()) {  // CUDA offsets are checked by the Python API, which can afford the copy
+    // CUDA offsets: linrec.linrec checks their values once per tensor (a copy to the host, which an op
+    // cannot afford on every call); the kernels clamp them to the time dim.
+    if (offsets.is_cpu()) {
       const bool is_int64 = offsets.scalar_type() == torch::headeronly::ScalarType::Long;
       const int64_t count = offsets.size(0);
       int64_t previous = 0;
@@ -171,8 +199,8 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
                      " at index ", s);
         previous = value;
       }
-      LINREC_CHECK(previous == args.sizes[args.time_dim], op, ": cu_seqlens must end at the length of dim ",
-                   args.time_dim, " of ", values_name, " (", args.sizes[args.time_dim], "), got ", previous);
+      LINREC_CHECK(previous == args.sizes[args.time_dim], op, ": cu_seqlens must end at the length of the time dim (",
+                   args.sizes[args.time_dim], "), got ", previous);
     }
     args.initial_sizes[0] = offsets.size(0) - 1;
   }

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .checks import check_arguments
+from .checks import check_arguments, check_backward_arguments
 from .runtime import build_info
 
 MIN_TORCH = (2, 10)
@@ -98,46 +98,34 @@ for _key in ("CPU", "CUDA"):
     _TRITON_LIBRARY.impl("triton_backward", _triton_backward, _key)
 
 
-def _forward_fake(
-    inputs: torch.Tensor,
-    coeffs: torch.Tensor,
-    dim: int = -1,
-    reverse: bool = False,
-    initial: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    log_coeffs: bool = False,
-    threads_per_sequence: int = 0,
-    vectors_per_thread: int = 0,
-) -> torch.Tensor:
-    check_arguments("linrec.forward", inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
-    return torch.empty_like(inputs)  # as the C++ op allocates: inputs' strides where inputs are dense
+def _fake_kernels(prefix: str):
+    """The fake kernels of the ops ``linrec::<prefix>forward`` and ``linrec::<prefix>backward``: the checks
+    of their arguments, and results of the shapes, dtypes and layouts their kernels give. The config ints
+    (named differently by the two families) do not change the results' shapes."""
+    forward_op, backward_op = f"linrec.{prefix}forward", f"linrec.{prefix}backward"
+
+    def forward_fake(inputs, coeffs, dim=-1, reverse=False, initial=None, cu_seqlens=None, log_coeffs=False,
+                     *_config, **_config_by_name) -> torch.Tensor:
+        check_arguments(forward_op, inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
+        return torch.empty_like(inputs)  # as the C++ op allocates: inputs' strides where inputs are dense
+
+    def backward_fake(d_outputs, coeffs, outputs, dim=-1, reverse=False, initial=None, cu_seqlens=None,
+                      log_coeffs=False, *_config, **_config_by_name) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_backward_arguments(backward_op, d_outputs, coeffs, outputs, dim, initial, cu_seqlens, log_coeffs)
+        # As the C++ op allocates: each gradient in its argument's dtype (coeffs and initial may be float32
+        # with 16-bit d_outputs), d_coeffs in coeffs' shape, laid out like outputs where the shapes agree, and
+        # an empty d_initial of d_outputs' dtype without an initial state.
+        if coeffs.shape == outputs.shape:
+            d_coeffs = torch.empty_like(outputs, dtype=coeffs.dtype)
+        else:
+            d_coeffs = coeffs.new_empty(coeffs.shape)
+        d_initial = d_outputs.new_zeros((0,)) if initial is None else initial.new_zeros(initial.shape)
+        return torch.empty_like(outputs), d_coeffs, d_initial
+
+    return forward_fake, backward_fake
 
 
-def _backward_fake(
-    d_outputs: torch.Tensor,
-    coeffs: torch.Tensor,
-    outputs: torch.Tensor,
-    dim: int = -1,
-    reverse: bool = False,
-    initial: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    log_coeffs: bool = False,
-    threads_per_sequence: int = 0,
-    vectors_per_thread: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    check_arguments("linrec.backward", d_outputs, coeffs, dim, initial, cu_seqlens, log_coeffs, "d_outputs")
-    # As the C++ op allocates: each gradient in its argument's dtype (coeffs and initial may be float32 with
-    # 16-bit d_outputs), d_coeffs in coeffs' shape, laid out like outputs where the shapes agree, and an
-    # empty d_initial of d_outputs' dtype without an initial state.
-    if coeffs.shape == outputs.shape:
-        d_coeffs = torch.empty_like(outputs, dtype=coeffs.dtype)
-    else:
-        d_coeffs = coeffs.new_empty(coeffs.shape)
-    d_initial = d_outputs.new_zeros((0,)) if initial is None else initial.new_zeros(initial.shape)
-    return torch.empty_like(outputs), d_coeffs, d_initial
-
-
-# The config ints differ in meaning between the two families, not in the results' shapes.
 for _prefix in ("", "triton_"):
+    _forward_fake, _backward_fake = _fake_kernels(_prefix)
     torch.library.register_fake(f"linrec::{_prefix}forward", _forward_fake)
     torch.library.register_fake(f"linrec::{_prefix}backward", _backward_fake)

@@ -1,7 +1,7 @@
 """Host side of the Triton backend: the implementations of ``linrec::triton_forward`` and
 ``linrec::triton_backward``. Each maps its operands onto the kernels' four-dim view (layout.py),
-picks a tile (configs.py) and launches one kernel. Arguments arrive checked by the API or the fake
-kernels' checks; what is checked here is what only the Triton backend needs.
+picks a tile (configs.py) and launches one kernel. Each op checks its arguments as the fake kernels do
+(checks.py), and what only the Triton backend needs.
 
 Mixed precision (float32 coeffs or initial with 16-bit inputs) converts nothing: the kernels read every
 operand through its own pointer into the accumulator type (float32 for 16-bit inputs) and store each
@@ -17,6 +17,7 @@ from functools import cache, lru_cache
 import torch
 import triton.language as tl
 
+from ..checks import check_arguments, check_backward_arguments, check_cu_seqlens_values
 from . import check_dtype, configs
 from .kernels import (linrec_backward_kernel, linrec_forward_kernel, linrec_rescan_backward_kernel,
                       linrec_rescan_forward_kernel)
@@ -31,6 +32,13 @@ def interpreted() -> bool:
     """Whether the kernels run on Triton's interpreter (TRITON_INTERPRET=1 when they were first imported):
     then they take CPU tensors, on the host."""
     return type(linrec_forward_kernel).__name__ == "InterpretedFunction"
+
+
+def _check_offsets(op: str, cu_seqlens: torch.Tensor | None, length: int) -> None:
+    """The values of offsets on the CPU, as the compiled ops check them; on a GPU, ``linrec.linrec`` checks
+    them once per tensor and the kernels clamp them."""
+    if cu_seqlens is not None and cu_seqlens.is_cpu:
+        check_cu_seqlens_values(op, cu_seqlens, length)
 
 
 def _check_device(op: str, tensor: torch.Tensor) -> None:
@@ -224,9 +232,10 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
             initial: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None, log_coeffs: bool = False,
             block_length: int = 0, block_channels: int = 0) -> torch.Tensor:
     op = "linrec.triton_forward"
+    dim = check_arguments(op, inputs, coeffs, dim, initial, cu_seqlens, log_coeffs)
     _check_device(op, inputs)
     check_dtype(op, inputs.dtype)
-    dim %= inputs.dim()
+    _check_offsets(op, cu_seqlens, inputs.shape[dim])
     outputs = torch.empty_like(inputs)
     if inputs.numel() == 0:
         return outputs
@@ -273,9 +282,10 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
              log_coeffs: bool = False, block_length: int = 0, block_channels: int = 0,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = "linrec.triton_backward"
+    dim = check_backward_arguments(op, d_outputs, coeffs, outputs, dim, initial, cu_seqlens, log_coeffs)
     _check_device(op, d_outputs)
     check_dtype(op, d_outputs.dtype)
-    dim %= d_outputs.dim()
+    _check_offsets(op, cu_seqlens, d_outputs.shape[dim])
     shape = d_outputs.shape
     packed = cu_seqlens is not None
     full_coeffs = coeffs.shape == shape
