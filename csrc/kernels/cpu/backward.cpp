@@ -45,10 +45,8 @@ void backward(const BackwardParams& params, const Tensor&) {
   const Family family = family_of(params, {&params.d_outputs, &params.coeffs},
                                   {&params.outputs, &params.d_inputs, &params.d_coeffs}, {&params.initial, &params.d_initial});
   if (family == Family::Sequential) {
-    dispatch_dtypes<c10::Half, c10::BFloat16>(params.dtype, params.coeff_dtype, [&]<typename T, typename C>() {
-      for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
-        sequential_scan_backward<Lanes, T, C>(params, rows, segment);
-      });
+    scan_sequentially(params, [&]<int Lanes, typename T, typename C>(const int64_t(&rows)[Lanes], int64_t segment) {
+      sequential_scan_backward<Lanes, T, C>(params, rows, segment);
     });
     return;
   }

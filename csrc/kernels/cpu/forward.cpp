@@ -36,10 +36,8 @@ void forward(const ForwardParams& params, const Tensor&) {
   const Isa isa = cpu::cpu_isa();
   const Family family = family_of(params, {&params.inputs, &params.coeffs}, {&params.outputs}, {&params.initial});
   if (family == Family::Sequential) {
-    dispatch_dtypes<c10::Half, c10::BFloat16>(params.dtype, params.coeff_dtype, [&]<typename T, typename C>() {
-      for_each_sequence_group(params, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
-        sequential_scan_forward<Lanes, T, C>(params, rows, segment);
-      });
+    scan_sequentially(params, [&]<int Lanes, typename T, typename C>(const int64_t(&rows)[Lanes], int64_t segment) {
+      sequential_scan_forward<Lanes, T, C>(params, rows, segment);
     });
     return;
   }

@@ -156,6 +156,17 @@ void for_each_sequence_group(const SequenceLayout& layout, const Scan& scan) {
   });
 }
 
+// Runs the sequential family with the params' element types: scan.template operator()<Lanes, T, C>(rows,
+// segment) for each group of for_each_sequence_group.
+template <typename Scan>
+void scan_sequentially(const SequenceLayout& layout, const Scan& scan) {
+  dispatch_dtypes<c10::Half, c10::BFloat16>(layout.dtype, layout.coeff_dtype, [&]<typename T, typename C>() {
+    for_each_sequence_group(layout, [&]<int Lanes>(const int64_t(&rows)[Lanes], int64_t segment) {
+      scan.template operator()<Lanes, T, C>(rows, segment);
+    });
+  });
+}
+
 // The channels family: groups of neighbouring sequences along the innermost batch dim, one group per
 // task of the pool: at most `max_lanes` (kChannelVectors vectors), fewer (whole vectors) where that
 // would leave threads idle. Each sequence is scanned alone, so the grouping does not change results.
