@@ -87,11 +87,17 @@ struct TileIO {
   __device__ __forceinline__ void fetch(const T* row, Stride time_stride, int64_t tile_begin, int64_t length,
                                         Acc (&items)[Items], Acc fill) const {
     if constexpr (Mode == Access::Vectorized) {
+      constexpr int kPerVector = 16 / sizeof(T);
       static_assert(Items % kPerVector == 0, "vectorized chunks are whole 16-byte vectors");
       const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
       if (begin + Items <= length) {
         #pragma unroll
-        for (int v = 0; v < Items / kPerVector; ++v) unpack(*reinterpret_cast<const uint4*>(row + begin + v * kPerVector), items, v);
+        for (int v = 0; v < Items / kPerVector; ++v) {
+          const uint4 bits = *reinterpret_cast<const uint4*>(row + begin + v * kPerVector);
+          const T* values = reinterpret_cast<const T*>(&bits);
+          #pragma unroll
+          for (int i = 0; i < kPerVector; ++i) items[v * kPerVector + i] = static_cast<Acc>(values[i]);
+        }
       } else {
         #pragma unroll
         for (int i = 0; i < Items; ++i) items[i] = begin + i < length ? static_cast<Acc>(row[begin + i]) : fill;
@@ -161,13 +167,20 @@ struct TileIO {
   __device__ __forceinline__ void store(T* row, Stride time_stride, int64_t tile_begin, int64_t length,
                                         const Acc (&items)[Items]) const {
     if constexpr (Mode == Access::Vectorized) {
+      constexpr int kPerVector = 16 / sizeof(T);
       const int64_t begin = tile_begin + static_cast<int64_t>(rank) * Items;
       if (begin + Items <= length) {
-        // The intrinsic keeps the store one 16-byte access: written as an assignment, the compiler
-        // was seen to split a chunk's first vector into 4-byte stores, which slows the forward
-        // (docs/design.md, Memory access).
         #pragma unroll
-        for (int v = 0; v < Items / kPerVector; ++v) __stwb(reinterpret_cast<uint4*>(row + begin + v * kPerVector), pack(items, v));
+        for (int v = 0; v < Items / kPerVector; ++v) {
+          uint4 bits;
+          T* values = reinterpret_cast<T*>(&bits);
+          #pragma unroll
+          for (int i = 0; i < kPerVector; ++i) values[i] = static_cast<T>(items[v * kPerVector + i]);
+          // The intrinsic keeps the store one 16-byte access: written as an assignment, the compiler
+          // was seen to split a chunk's first vector into 4-byte stores, which slows the forward
+          // (docs/design.md, Memory access).
+          __stwb(reinterpret_cast<uint4*>(row + begin + v * kPerVector), bits);
+        }
       } else {
         #pragma unroll
         for (int i = 0; i < Items; ++i)
@@ -220,7 +233,9 @@ struct TileIO {
   }
 
   // Vector `v` of items (kPerVector of them from v * kPerVector) as T, and back; Acc -> T is exact
-  // for values that came from T.
+  // for values that came from T. The Vectorized fetch and store convert in place instead: unpacking a
+  // reference to a vector in global memory reads it element by element, which halves the speed of
+  // 16-bit rows (docs/design.md, Memory access).
   template <typename Acc>
   __device__ __forceinline__ static uint4 pack(const Acc (&items)[Items], int v) {
     uint4 bits;
