@@ -233,9 +233,8 @@ struct TileIO {
   }
 
   // Vector `v` of items (kPerVector of them from v * kPerVector) as T, and back; Acc -> T is exact
-  // for values that came from T. The Vectorized fetch and store convert in place instead: unpacking a
-  // reference to a vector in global memory reads it element by element, which halves the speed of
-  // 16-bit rows (docs/design.md, Memory access).
+  // for values that came from T. The Vectorized fetch and store convert in place instead: through
+  // these, 16-bit rows measured slower (docs/design.md, Memory access).
   template <typename Acc>
   __device__ __forceinline__ static uint4 pack(const Acc (&items)[Items], int v) {
     uint4 bits;
