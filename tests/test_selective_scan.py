@@ -18,8 +18,11 @@ import linrec.ssm
 BATCH, D_INNER, N_STATE, GROUPS = 2, 6, 3, 3
 
 
-def loop_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
-    """Mamba's equations, one time step at a time, on float64 (complex128) tensors: (out, last state)."""
+def loop_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial=None,
+                   cu_seqlens=None):
+    """Mamba's equations, one time step at a time, on float64 (complex128) tensors: (out, last state), the
+    state starting from ``initial`` (zeros without it) at the start of the batch's rows, or of each packed
+    sequence of ``cu_seqlens`` (a list of offsets; batch 1), whose last states are then stacked."""
     batch, d, length = u.shape
     n = A.shape[1]
     if delta_bias is not None:
@@ -40,14 +43,21 @@ def loop_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         return M[:, group_of_channel]
 
     B_t, C_t = per_channel(B), per_channel(C)
-    state = torch.zeros(batch, d, n, dtype=A.dtype)
-    ys = []
-    for t in range(length):
-        dt = delta[:, :, t, None]
-        state = torch.exp(dt * A) * state + dt * B_t[..., t] * u[:, :, t, None]
-        y = (state * C_t[..., t]).sum(-1)
-        ys.append(2 * y.real if A.is_complex() else y)
-    out = torch.stack(ys, dim=-1)
+    bounds = [0, length] if cu_seqlens is None else list(cu_seqlens)
+    ys, last_states = [], []
+    for sequence, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+        if initial is None:
+            state = torch.zeros(batch, d, n, dtype=A.dtype)
+        else:
+            state = (initial if cu_seqlens is None else initial[sequence][None]).to(A.dtype)
+        for t in range(begin, end):
+            dt = delta[:, :, t, None]
+            state = torch.exp(dt * A) * state + dt * B_t[..., t] * u[:, :, t, None]
+            y = (state * C_t[..., t]).sum(-1)
+            ys.append(2 * y.real if A.is_complex() else y)
+        last_states.append(state)
+    out = torch.stack(ys, dim=-1) if ys else u.new_zeros(batch, d, 0)
+    state = last_states[0] if cu_seqlens is None else torch.cat(last_states)
     if D is not None:
         out = out + u * D[:, None]
     if z is not None:
@@ -94,25 +104,30 @@ def make_arguments(device, dtype, complex_A=False, B_layout="shared", C_layout="
     return arguments, dict(delta_softplus=delta_softplus)
 
 
-def check_against_loop(arguments, options, out_dtype=None):
-    """Outputs, last state and every argument's gradient (autograd, both results) against the loop."""
+def check_against_loop(arguments, options, out_dtype=None, cu_seqlens=None):
+    """Outputs, last state and every argument's gradient (autograd, both results) against the loop;
+    ``cu_seqlens``, a list of offsets, packs the sequences."""
     leaves = {name: tensor.requires_grad_() for name, tensor in arguments.items() if tensor is not None}
-    out, last_state = linrec.selective_scan(**arguments, **options, return_last_state=True)
     u, A = arguments["u"], arguments["A"]
+    offsets = None if cu_seqlens is None else torch.tensor(cu_seqlens, device=u.device)
+    out, last_state = linrec.selective_scan(**arguments, **options, return_last_state=True, cu_seqlens=offsets)
     real_dtype = torch.float64 if any(t.dtype in (torch.float64, torch.complex128) for t in leaves.values()) else torch.float32
     state_dtype = (torch.complex128 if real_dtype == torch.float64 else torch.complex64) if A.is_complex() else real_dtype
+    rows = u.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
     assert out.shape == u.shape and out.dtype == (out_dtype or u.dtype) and out.device == u.device
-    assert last_state.shape == (u.shape[0], u.shape[1], A.shape[1]) and last_state.dtype == state_dtype
+    assert last_state.shape == (rows, u.shape[1], A.shape[1]) and last_state.dtype == state_dtype
 
     wide_leaves = {name: wide(tensor).requires_grad_() for name, tensor in leaves.items()}
-    expected_out, expected_state = loop_reference(**wide_leaves, **options)
+    expected_out, expected_state = loop_reference(**wide_leaves, **options, cu_seqlens=cu_seqlens)
     assert_matches(out, expected_out, out.dtype, "out")
     assert_matches(last_state, expected_state, state_dtype, "last state")
 
     d_out = random_values(out.shape, out.dtype, out.device)
     d_state = random_values(last_state.shape, last_state.dtype, last_state.device)
-    grads = torch.autograd.grad((out, last_state), list(leaves.values()), (d_out, d_state))
-    expected = torch.autograd.grad((expected_out, expected_state), list(wide_leaves.values()), (wide(d_out), wide(d_state)))
+    # Of length 0 the loop uses no argument but initial: their gradients are zero.
+    grads = torch.autograd.grad((out, last_state), list(leaves.values()), (d_out, d_state), materialize_grads=True)
+    expected = torch.autograd.grad((expected_out, expected_state), list(wide_leaves.values()), (wide(d_out), wide(d_state)),
+                                   materialize_grads=True)
     for (name, leaf), grad, want in zip(leaves.items(), grads, expected):
         assert grad.shape == leaf.shape and grad.dtype == leaf.dtype, name
         assert_matches(grad, want, leaf.dtype, f"d_{name}")
@@ -140,6 +155,37 @@ def test_optional_terms(device, seed, complex_A, D, z, delta_bias, delta_softplu
     arguments, options = make_arguments(device, torch.float32, complex_A, "shared", "grouped", length=7, D=D, z=z,
                                         delta_bias=delta_bias, delta_softplus=delta_softplus)
     check_against_loop(arguments, options)
+
+
+def _initial(arguments, rows, device):
+    """A random initial state of ``rows`` rows, complex when A is."""
+    A = arguments["A"]
+    return random_values((rows, *A.shape), A.dtype if A.is_complex() else arguments["u"].dtype, device)
+
+
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+@pytest.mark.parametrize("length", [0, 1, 33])
+def test_initial_state(device, seed, complex_A, length):
+    arguments, options = make_arguments(device, torch.float32, complex_A, length=length)
+    arguments["initial"] = _initial(arguments, BATCH, device)
+    check_against_loop(arguments, options)
+
+
+# Packed sequences of (1, d, 40): empty ones first, last and in the middle, one of a single step.
+PACKINGS = [[0, 40], [0, 0, 7, 7, 8, 40], [0, 13, 27, 40, 40]]
+
+
+@pytest.mark.parametrize("with_initial", [False, True], ids=["zero-state", "initial"])
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+@pytest.mark.parametrize("offsets", PACKINGS, ids=lambda offsets: "-".join(map(str, offsets)))
+def test_packed_sequences(device, seed, offsets, complex_A, with_initial):
+    """Each packed sequence is its own scan: from its row of ``initial`` (or zeros), with its own last state
+    and gradients, and nothing crossing a boundary."""
+    arguments, options = make_arguments(device, torch.float64, complex_A, "grouped", "shared", length=offsets[-1],
+                                        batch=1)
+    if with_initial:
+        arguments["initial"] = _initial(arguments, len(offsets) - 1, device)
+    check_against_loop(arguments, options, cu_seqlens=offsets)
 
 
 @pytest.mark.parametrize("length", [1, 2, 7, 33, 130])
@@ -248,6 +294,16 @@ def _set(name, value):
 
 
 L5, TWO_L = 5, 10
+def _packed(offsets, **more):
+    """The arguments with a batch of 1 and the cu_seqlens ``offsets(arguments)`` (and ``more``)."""
+    def change(arguments):
+        for name in ("u", "delta", "z", "B", "C"):
+            arguments[name] = arguments[name][:1]
+        arguments["cu_seqlens"] = offsets(arguments)
+        arguments.update(more)
+    return change
+
+
 ERRORS = [
     ("u-not-3-dim", _set("u", lambda a: a["u"][0]), ValueError, r"u must be 3-dim \(batch, d, length\), got shape \[6, 5\]"),
     ("u-not-a-tensor", _set("u", [1.0]), TypeError, "u must be a torch.Tensor, got list"),
@@ -289,6 +345,18 @@ ERRORS = [
     ("return_last_state-not-bool", _set("return_last_state", "yes"), TypeError, "return_last_state must be a bool, got str"),
     ("A-on-meta", _set("A", lambda a: a["A"].to("meta")), ValueError, r"A must be on the device of u \(cpu\), got meta"),
     ("z-on-meta", _set("z", lambda a: a["z"].to("meta")), ValueError, r"z must be on the device of u \(cpu\), got meta"),
+    ("initial-shape", _set("initial", lambda a: torch.zeros(2, 6, 4)), ValueError,
+     r"initial must have shape \(batch, d, n\) = \[2, 6, 3\], got \[2, 6, 4\]"),
+    ("initial-complex-real-A", _set("initial", lambda a: torch.zeros(2, 6, 3, dtype=torch.complex64)), TypeError,
+     r"initial is complex \(torch.complex64\) but A is real"),
+    ("initial-not-a-tensor", _set("initial", [0.0]), TypeError, "initial must be a torch.Tensor, got list"),
+    ("cu_seqlens-batch-2", _set("cu_seqlens", lambda a: torch.tensor([0, 2, 5])), ValueError,
+     r"with cu_seqlens, u must hold its sequences packed along its length with a batch of 1, got shape \[2, 6, 5\]"),
+    ("cu_seqlens-float", _packed(lambda a: torch.tensor([0.0, 5.0])), TypeError, "cu_seqlens must be int32 or int64"),
+    ("cu_seqlens-end", _packed(lambda a: torch.tensor([0, 2, 4])), ValueError,
+     r"cu_seqlens must end at the length of the time dim \(5\), got 4"),
+    ("cu_seqlens-initial-rows", _packed(lambda a: torch.tensor([0, 2, 5]), initial=torch.zeros(1, 6, 3)), ValueError,
+     r"initial must have shape \(sequences \(cu_seqlens' offsets - 1\), d, n\) = \[2, 6, 3\], got \[1, 6, 3\]"),
 ]
 
 

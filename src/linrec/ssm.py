@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._core.checks import check_cu_seqlens_values
 from .scan import linrec
 
 _OP = "selective_scan"
@@ -32,12 +33,16 @@ def selective_scan(
     delta_softplus: bool = False,
     return_last_state: bool = False,
     *,
+    initial: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Mamba's selective scan (S6), with the arguments and results of mamba_ssm's ``selective_scan_fn``.
+    """Mamba's selective scan (S6), with the arguments and results of mamba_ssm's ``selective_scan_fn``,
+    and, beyond them, an initial state and packed sequences.
 
     With ``delta`` first shifted by ``delta_bias`` and passed through softplus when ``delta_softplus``,
-    the state ``x`` (batch, d, n) starts at zero and, for every step ``t`` (elementwise over (d, n))::
+    the state ``x`` (batch, d, n) starts at ``initial`` (zero without it) and, for every step ``t``
+    (elementwise over (d, n))::
 
         x_t = exp(delta_t * A) * x_{t-1} + delta_t * B_t * u_t
         y_t = sum over n of x_t * C_t            (2 * its real part when A is complex)
@@ -64,14 +69,22 @@ def selective_scan(
         z: the gate, (batch, d, length), real, or None: the output is multiplied by ``silu(z)``.
         delta_bias: (d,), real, added to ``delta`` before the softplus, or None.
         delta_softplus: pass ``delta`` (after ``delta_bias``) through softplus.
-        return_last_state: also return the state after the last step.
+        return_last_state: also return the state after the last step (of every sequence, with
+            ``cu_seqlens``).
+        initial: keyword-only, the state before the first step, (batch, d, n), or (sequences, d, n) with
+            ``cu_seqlens``; real, or complex when ``A`` is; differentiable. None: zeros.
+        cu_seqlens: keyword-only, packed variable-length sequences along the length, as
+            ``linrec.linrec`` takes them: int32 or int64 offsets ``[0, end_0, ..., length]``
+            (non-decreasing) with a batch of 1. The state restarts at each sequence's start (from its
+            row of ``initial``), and no gradient crosses a boundary.
         backend: the recurrence's implementation, as ``linrec.linrec`` takes it: ``"auto"`` (the compiled
             kernels) or a pure-PyTorch reference, ``"loop"``, ``"hop"`` or ``"heinsen"``.
 
     Returns:
         out, (batch, d, length) of ``u``'s dtype; with ``return_last_state``, the tuple
-        ``(out, last_state)``, where last_state is (batch, d, n) in the compute dtype (float32 or
-        float64; complex64 or complex128 when ``A`` is complex), zeros for a length of 0.
+        ``(out, last_state)``, where last_state is (batch, d, n), or (sequences, d, n) with
+        ``cu_seqlens``, in the compute dtype (float32 or float64; complex64 or complex128 when ``A``
+        is complex), and differentiable: an empty sequence's is its initial state (zeros without one).
 
     Example:
         >>> batch, d, n, length = 2, 8, 4, 32
@@ -82,9 +95,10 @@ def selective_scan(
         >>> out.shape, state.shape
         (torch.Size([2, 8, 32]), torch.Size([2, 8, 4]))
     """
-    batch, d, n, length = _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    batch, d, n, length = _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial,
+                                 cu_seqlens)
     real_dtype = torch.float32
-    for tensor in (u, delta, A, B, C, D, z, delta_bias):
+    for tensor in (u, delta, A, B, C, D, z, delta_bias, initial):
         if tensor is not None:
             real_dtype = torch.promote_types(real_dtype, tensor.dtype.to_real())
     complex_state = A.is_complex()
@@ -108,7 +122,9 @@ def selective_scan(
     else:
         coeffs, log_coeffs = step, True  # the kernels take exp(delta * A) from its log
     inputs = _spread(delta_wide * u_wide, B_wide)  # delta_t * B_t * u_t, (batch, d, n, length)
-    states = linrec(inputs, coeffs.contiguous(), dim=-1, log_coeffs=log_coeffs, backend=backend)
+    start = None if initial is None else initial.to(state_dtype)
+    states = linrec(inputs, coeffs.contiguous(), dim=-1, initial=start, cu_seqlens=cu_seqlens, log_coeffs=log_coeffs,
+                    backend=backend)
 
     y = _contract(states, C_wide)  # (batch, d, length)
     if complex_state:
@@ -120,11 +136,24 @@ def selective_scan(
     out = y.to(u.dtype)
     if not return_last_state:
         return out
+    return out, _last_states(states, start, cu_seqlens)
+
+
+def _last_states(states: torch.Tensor, start: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """The state after the last step of each row, or of each packed sequence (batch 1): (rows or sequences,
+    d, n), in memory of its own (holding it does not keep the states alive). A sequence without steps
+    keeps its initial state, zeros without one."""
+    rows, d, n, length = states.shape
+    count = rows if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    empty_start = states.new_zeros(count, d, n) if start is None else start
     if length == 0:
-        last_state = states.new_zeros(batch, d, n)
-    else:
-        last_state = states[..., -1].clone()  # its own memory: holding it does not keep the states alive
-    return out, last_state
+        return empty_start.clone()
+    if cu_seqlens is None:
+        return states[..., -1].clone()
+    ends = cu_seqlens[1:].long()
+    gathered = states[0].index_select(-1, (ends - 1).clamp(min=0)).permute(2, 0, 1)
+    empty = (ends == cu_seqlens[:-1].long()).view(count, 1, 1)
+    return torch.where(empty, empty_start, gathered)
 
 
 def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tensor:
@@ -166,10 +195,12 @@ def _shape(tensor: torch.Tensor) -> str:
     return str(list(tensor.shape))
 
 
-def _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state) -> tuple[int, int, int, int]:
+def _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial=None,
+           cu_seqlens=None) -> tuple[int, int, int, int]:
     """Checks every argument; returns (batch, d, n, length). Raises TypeError (types, dtypes) or
     ValueError (shapes, devices) naming the argument, what was expected and what was given."""
-    named = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias}
+    named = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias,
+             "initial": initial}
     for name, tensor in named.items():
         if tensor is not None and not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{_OP}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -181,9 +212,9 @@ def _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_stat
     for name, tensor in named.items():
         if tensor is None:
             continue
-        allowed = _REAL + _COMPLEX if name in ("A", "B", "C") else _REAL
+        allowed = _REAL + _COMPLEX if name in ("A", "B", "C", "initial") else _REAL
         if tensor.dtype not in allowed:
-            kinds = "a real or complex floating-point" if name in ("A", "B", "C") else "a real floating-point"
+            kinds = "a real or complex floating-point" if name in ("A", "B", "C", "initial") else "a real floating-point"
             raise TypeError(f"{_OP}: {name} must be {kinds} tensor, got {tensor.dtype}")
         if tensor.device != u.device:
             raise ValueError(f"{_OP}: {name} must be on the device of u ({u.device}), got {tensor.device}")
@@ -203,6 +234,31 @@ def _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_stat
             raise ValueError(f"{_OP}: {name} must have shape (d,) = [{d}], got {_shape(named[name])}")
 
     complex_state = A.is_complex()
+    sequences = batch
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"{_OP}: cu_seqlens must be a torch.Tensor or None, got {type(cu_seqlens).__name__}")
+        if batch != 1:
+            raise ValueError(f"{_OP}: with cu_seqlens, u must hold its sequences packed along its length with a "
+                             f"batch of 1, got shape {_shape(u)}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{_OP}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+            raise ValueError(f"{_OP}: cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape "
+                             f"{_shape(cu_seqlens)}")
+        if cu_seqlens.device != u.device:
+            raise ValueError(f"{_OP}: cu_seqlens must be on the device of u ({u.device}), got {cu_seqlens.device}")
+        if not torch.compiler.is_compiling():
+            check_cu_seqlens_values(_OP, cu_seqlens, length)
+        sequences = cu_seqlens.shape[0] - 1
+    if initial is not None:
+        if initial.is_complex() and not complex_state:
+            raise TypeError(f"{_OP}: initial is complex ({initial.dtype}) but A is real ({A.dtype}): "
+                            "a complex state needs a complex A")
+        rows = "sequences (cu_seqlens' offsets - 1)" if cu_seqlens is not None else "batch"
+        if list(initial.shape) != [sequences, d, n]:
+            raise ValueError(f"{_OP}: initial must have shape ({rows}, d, n) = {[sequences, d, n]}, "
+                             f"got {_shape(initial)}")
     for name, M in (("B", B), ("C", C)):
         if M.is_complex() and not complex_state:
             raise TypeError(f"{_OP}: {name} is complex ({M.dtype}) but A is real ({A.dtype}): "
