@@ -386,3 +386,27 @@ def test_devices_must_match(device, seed):
     arguments["delta_bias"] = arguments["delta_bias"].cpu()
     with pytest.raises(ValueError, match=r"delta_bias must be on the device of u \(cuda:0\), got cpu"):
         linrec.selective_scan(**arguments, **options)
+
+
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_compile_fullgraph(device, seed, complex_A):
+    """torch.compile(fullgraph=True) traces the whole call, packed sequences, initial and last states
+    included, to the eager results and gradients."""
+    torch._dynamo.reset()
+    arguments, options = make_arguments(device, torch.float32, complex_A, length=20, batch=1)
+    arguments["initial"] = _initial(arguments, 3, device)
+    offsets = torch.tensor([0, 6, 6, 20], device=device)
+
+    def call(arguments):
+        return linrec.selective_scan(**arguments, **options, return_last_state=True, cu_seqlens=offsets)
+
+    leaves = {name: tensor.requires_grad_() for name, tensor in arguments.items() if tensor is not None}
+    eager = call(leaves)
+    traced = torch.compile(call, fullgraph=True, backend="aot_eager")(leaves)
+    cotangents = [random_values(result.shape, result.dtype, result.device) for result in eager]
+    for name, got, want in zip(("out", "last state"), traced, eager):
+        assert_matches(got, want.detach(), want.dtype, name)
+    traced_grads = torch.autograd.grad(traced, list(leaves.values()), cotangents)
+    eager_grads = torch.autograd.grad(eager, list(leaves.values()), cotangents)
+    for name, got, want in zip(leaves, traced_grads, eager_grads):
+        assert_matches(got, want, got.dtype, f"d_{name}")

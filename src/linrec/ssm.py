@@ -19,6 +19,8 @@ from .scan import linrec
 _OP = "selective_scan"
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _COMPLEX = (torch.complex64, torch.complex128)
+# A complex dtype's real part (what dtype.to_real gives, which torch.compile does not trace).
+_REAL_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 
 def selective_scan(
@@ -100,7 +102,7 @@ def selective_scan(
     real_dtype = torch.float32
     for tensor in (u, delta, A, B, C, D, z, delta_bias, initial):
         if tensor is not None:
-            real_dtype = torch.promote_types(real_dtype, tensor.dtype.to_real())
+            real_dtype = torch.promote_types(real_dtype, _REAL_PART.get(tensor.dtype, tensor.dtype))
     complex_state = A.is_complex()
     state_dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}[real_dtype] if complex_state else real_dtype
 
@@ -164,7 +166,7 @@ def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tenso
     if M.dim() == 3:
         M = M.unsqueeze(1)
     if dtype.is_complex and not M.is_complex():
-        real = M.to(dtype.to_real())
+        real = M.to(_REAL_PART[dtype])
         return torch.complex(real[..., 0::2], real[..., 1::2])
     return M.to(dtype).contiguous()
 
