@@ -410,3 +410,23 @@ def test_compile_fullgraph(device, seed, complex_A):
     eager_grads = torch.autograd.grad(eager, list(leaves.values()), cotangents)
     for name, got, want in zip(leaves, traced_grads, eager_grads):
         assert_matches(got, want, got.dtype, f"d_{name}")
+
+
+def test_export(device, seed):
+    """torch.export captures the call (packed, with initial and last states) as one graph around linrec's
+    forward op, and the exported program gives the eager results."""
+    arguments, options = make_arguments(device, torch.float32, False, length=20, batch=1)
+    arguments["initial"] = _initial(arguments, 3, device)
+    names = [name for name, tensor in arguments.items() if tensor is not None]
+    offsets = torch.tensor([0, 6, 6, 20], device=device)
+
+    class Scan(torch.nn.Module):
+        def forward(self, *tensors):
+            return linrec.selective_scan(**dict(zip(names, tensors)), **options, return_last_state=True,
+                                         cu_seqlens=offsets)
+
+    tensors = tuple(arguments[name] for name in names)
+    program = torch.export.export(Scan(), tensors)
+    assert any(node.target is torch.ops.linrec.forward.default for node in program.graph.nodes)
+    for name, got, want in zip(("out", "last state"), program.module()(*tensors), Scan()(*tensors)):
+        assert_matches(got, want, want.dtype, name)
