@@ -253,7 +253,8 @@ def cuda_archs() -> str | None:
 
 def native_libraries() -> list[NativeLibrary]:
     libraries = [NativeLibrary("linrec._C", ["csrc/kernels/schemas.cpp", "csrc/kernels/cpu/linrec_cpu.cpp",
-                                                "csrc/kernels/cpu/forward.cpp", "csrc/kernels/cpu/backward.cpp"],
+                                                "csrc/kernels/cpu/forward.cpp", "csrc/kernels/cpu/backward.cpp",
+                                                "csrc/kernels/cpu/selective_scan.cpp"],
                                uses_cuda=False)]
     if os.environ.get("LINREC_NO_CUDA", "0") not in ("", "0"):
         _log("LINREC_NO_CUDA is set: building the CPU kernels only")
@@ -265,7 +266,7 @@ def native_libraries() -> list[NativeLibrary]:
     else:
         libraries.append(NativeLibrary(
             "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/device.cu",
-                               "csrc/kernels/cuda/pipe_scan.cu"],
+                               "csrc/kernels/cuda/pipe_scan.cu", "csrc/kernels/cuda/selective_scan.cu"],
             uses_cuda=True))
     return libraries
 

@@ -261,7 +261,7 @@ def test_results(device, seed, complex_A):
     assert last_state.shape == (BATCH, D_INNER, N_STATE) and not last_state.any()
 
 
-@pytest.mark.parametrize("backend", ["loop", "hop"])
+@pytest.mark.parametrize("backend", ["composed", "loop", "hop"])
 def test_reference_backends(device, seed, backend):
     arguments, options = make_arguments(device, torch.float64, False, "shared", "grouped", length=13)
     expected = linrec.selective_scan(**arguments, **options, return_last_state=True)
@@ -355,6 +355,8 @@ ERRORS = [
     ("cu_seqlens-float", _packed(lambda a: torch.tensor([0.0, 5.0])), TypeError, "cu_seqlens must be int32 or int64"),
     ("cu_seqlens-end", _packed(lambda a: torch.tensor([0, 2, 4])), ValueError,
      r"cu_seqlens must end at the length of the time dim \(5\), got 4"),
+    ("backend-unknown", _set("backend", "fused"), ValueError,
+     "backend must be one of 'auto', 'composed', 'triton', 'loop', 'hop', 'heinsen', got 'fused'"),
     ("cu_seqlens-initial-rows", _packed(lambda a: torch.tensor([0, 2, 5]), initial=torch.zeros(1, 6, 3)), ValueError,
      r"initial must have shape \(sequences \(cu_seqlens' offsets - 1\), d, n\) = \[2, 6, 3\], got \[1, 6, 3\]"),
 ]
@@ -405,15 +407,15 @@ def test_compile_fullgraph(device, seed, complex_A):
     traced = torch.compile(call, fullgraph=True, backend="aot_eager")(leaves)
     cotangents = [random_values(result.shape, result.dtype, result.device) for result in eager]
     for name, got, want in zip(("out", "last state"), traced, eager):
-        assert_matches(got, want.detach(), want.dtype, name)
+        assert_matches(got, want.detach().cpu(), want.dtype, name)
     traced_grads = torch.autograd.grad(traced, list(leaves.values()), cotangents)
     eager_grads = torch.autograd.grad(eager, list(leaves.values()), cotangents)
     for name, got, want in zip(leaves, traced_grads, eager_grads):
-        assert_matches(got, want, got.dtype, f"d_{name}")
+        assert_matches(got, want.cpu(), got.dtype, f"d_{name}")
 
 
 def test_export(device, seed):
-    """torch.export captures the call (packed, with initial and last states) as one graph around linrec's
+    """torch.export captures the call (packed, with initial and last states) as one graph around the fused
     forward op, and the exported program gives the eager results."""
     arguments, options = make_arguments(device, torch.float32, False, length=20, batch=1)
     arguments["initial"] = _initial(arguments, 3, device)
@@ -427,6 +429,110 @@ def test_export(device, seed):
 
     tensors = tuple(arguments[name] for name in names)
     program = torch.export.export(Scan(), tensors)
-    assert any(node.target is torch.ops.linrec.forward.default for node in program.graph.nodes)
+    assert any(node.target is torch.ops.linrec.selective_scan_forward.default for node in program.graph.nodes)
     for name, got, want in zip(("out", "last state"), program.module()(*tensors), Scan()(*tensors)):
-        assert_matches(got, want, want.dtype, name)
+        assert_matches(got, want.cpu(), want.dtype, name)
+
+
+# Lengths around the fused kernels' chunk of 1024 steps (the states saved for the backward) and their
+# tiles' thread boundaries (8 steps a thread).
+CHUNK_LENGTHS = [8, 9, 1023, 1024, 1025, 2049]
+
+
+@pytest.mark.parametrize("length", CHUNK_LENGTHS)
+def test_chunk_boundaries(device, seed, length):
+    """Outputs, last state and gradients across the fused kernels' chunks, with an initial state."""
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "shared", length=length, batch=1,
+                                        d=2, n=2, groups=2)
+    arguments["initial"] = _initial(arguments, 1, device)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("offsets", [[0, 1000, 1024, 1024, 1030, 2050], [0, 0, 1024, 2049, 2050]],
+                         ids=["inside-and-at-chunk-ends", "empty-first-at-the-end"])
+def test_packed_sequences_across_chunks(device, seed, offsets):
+    arguments, options = make_arguments(device, torch.float32, False, "shared", "grouped", length=offsets[-1],
+                                        batch=1, d=2, n=2, groups=1)
+    arguments["initial"] = _initial(arguments, len(offsets) - 1, device)
+    check_against_loop(arguments, options, cu_seqlens=offsets)
+
+
+def test_state_dim_beyond_256(device, seed):
+    arguments, options = make_arguments(device, torch.float32, False, "fixed", "shared", length=5, batch=1, d=2, n=300)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_across_chunks(device, seed, dtype):
+    """16-bit activations with float32 parameters over more than one chunk, time rows not 16-byte aligned
+    (length 1030 of 2-byte values) and aligned (1032)."""
+    for length in (1030, 1032):
+        arguments, options = make_arguments(device, dtype, False, "grouped", "grouped", length=length, batch=1, d=2,
+                                            n=2, groups=1, param_dtype=torch.float32)
+        check_against_loop(arguments, options)
+
+
+def test_non_finite_values_follow_the_loop(device, seed):
+    """A NaN in u and an infinite step reach the outputs where the loop's reach them (forward)."""
+    arguments, options = make_arguments(device, torch.float64, False, "shared", "shared", length=40, batch=1, d=3,
+                                        n=2, delta_softplus=False)
+    arguments["u"][0, 0, 7] = float("nan")
+    arguments["delta"][0, 1, 20] = float("inf")
+    out, state = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    expected_out, expected_state = loop_reference(**{name: wide(tensor) for name, tensor in arguments.items()}, **options)
+    torch.testing.assert_close(out.cpu(), expected_out, equal_nan=True)
+    torch.testing.assert_close(state.cpu(), expected_state, equal_nan=True)
+
+
+def test_fused_ops_pass_opcheck(device, seed):
+    """The fused ops' schemas, fake kernels and autograd registration (torch.library.opcheck)."""
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "fixed", length=19, batch=1)
+    for name in ("B", "C"):
+        if arguments[name].dim() == 3:
+            arguments[name] = arguments[name].unsqueeze(1)
+    initial = random_values((2, D_INNER, N_STATE), torch.float32, device)
+    offsets = torch.tensor([0, 4, 19], device=device)
+    forward_args = (arguments["u"], arguments["delta"], arguments["A"], arguments["B"], arguments["C"],
+                    arguments["D"], arguments["z"], arguments["delta_bias"], True, initial, offsets)
+    for tensor in forward_args:
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            tensor.requires_grad_()
+    torch.library.opcheck(torch.ops.linrec.selective_scan_forward.default, forward_args)
+    out, checkpoints, last_state = torch.ops.linrec.selective_scan_forward(*forward_args)
+    backward_args = (random_values(out.shape, out.dtype, device), random_values(last_state.shape, last_state.dtype, device),
+                     *[t.detach() if isinstance(t, torch.Tensor) else t for t in forward_args], checkpoints.detach())
+    torch.library.opcheck(torch.ops.linrec.selective_scan_backward.default, backward_args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_second_derivatives_raise_unless_composed(device, seed):
+    """The fused kernels give first derivatives; a second one raises rather than come out wrong, and the
+    composed scan gives it (d^2 out / d delta^2: the output is nonlinear in delta)."""
+    arguments, options = make_arguments(device, torch.float64, False, "shared", "shared", length=6, batch=1, d=2, n=2)
+    delta = arguments["delta"].requires_grad_()
+    out = linrec.selective_scan(**arguments, **options)
+    (grad,) = torch.autograd.grad(out.sum(), delta, create_graph=True)
+    with pytest.raises(NotImplementedError, match="first derivatives only"):
+        torch.autograd.grad(grad.sum(), delta)
+    out = linrec.selective_scan(**arguments, **options, backend="composed")
+    (grad,) = torch.autograd.grad(out.sum(), delta, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), delta)
+    on_cpu = {name: wide(tensor) for name, tensor in arguments.items()}
+    on_cpu["delta"].requires_grad_()
+    expected_out, _ = loop_reference(**on_cpu, **options)
+    (expected_grad,) = torch.autograd.grad(expected_out.sum(), on_cpu["delta"], create_graph=True)
+    (expected,) = torch.autograd.grad(expected_grad.sum(), on_cpu["delta"])
+    torch.testing.assert_close(second.cpu(), expected)
+
+
+def test_deterministic_mode_repeats_the_gradients(device, seed):
+    """Under torch.use_deterministic_algorithms(True), the gradients of varying B and C repeat bit for bit."""
+    arguments, options = make_arguments(device, torch.float32, False, "shared", "grouped", length=300, batch=2)
+    leaves = {name: tensor.requires_grad_() for name, tensor in arguments.items() if tensor is not None}
+    torch.use_deterministic_algorithms(True)
+    runs = []
+    for _ in range(2):
+        out = linrec.selective_scan(**leaves, **options)
+        runs.append(torch.autograd.grad(out, [leaves["B"], leaves["C"]], torch.ones_like(out)))
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)

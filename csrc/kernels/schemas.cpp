@@ -20,4 +20,19 @@ STABLE_TORCH_LIBRARY(linrec, m) {
   m.def("backward(Tensor d_outputs, Tensor coeffs, Tensor outputs, int dim=-1, bool reverse=False, "
         "Tensor? initial=None, Tensor? cu_seqlens=None, bool log_coeffs=False, int threads_per_sequence=0, "
         "int vectors_per_thread=0) -> (Tensor, Tensor, Tensor)");
+  // Mamba's selective scan, fused: the state x (batch, d, n) runs x_t = exp(dt_t * A) * x_{t-1} + dt_t * B_t * u_t
+  // from initial (zeros when None), dt = delta (+ delta_bias, through softplus when delta_softplus), and
+  // out_t = (sum_n C_t * x_t + D * u_t) * silu(z_t). Real A only. Shapes and dtypes in
+  // csrc/include/linrec/ssm/params.h; every tensor contiguous. Returns (out, checkpoints, last_state):
+  // checkpoints are the states every 1024 steps that the backward recomputes from; last_state is the
+  // state after each sequence's last step (its initial state when it has none).
+  m.def("selective_scan_forward(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, "
+        "Tensor? z=None, Tensor? delta_bias=None, bool delta_softplus=False, Tensor? initial=None, "
+        "Tensor? cu_seqlens=None) -> (Tensor, Tensor, Tensor)");
+  // Gradients of selective_scan_forward for d_out and d_last_state (None: zero):
+  // (d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial), empty for absent optional arguments.
+  m.def("selective_scan_backward(Tensor d_out, Tensor? d_last_state, Tensor u, Tensor delta, Tensor A, Tensor B, "
+        "Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial, "
+        "Tensor? cu_seqlens, Tensor checkpoints) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+        "Tensor, Tensor)");
 }

@@ -14,9 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from ._core.checks import check_cu_seqlens_values
-from .scan import linrec
+from ._core.selective_scan import fused, runs_fused
+from .scan import BACKENDS, linrec
 
 _OP = "selective_scan"
+#: "auto" and "composed" run linrec's compiled kernels (fused where they apply); the others the composed scan
+#: on linrec.linrec's backend of that name.
+SELECTIVE_SCAN_BACKENDS = ("auto", "composed", *(name for name in BACKENDS if name != "auto"))
 _REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _COMPLEX = (torch.complex64, torch.complex128)
 # A complex dtype's real part (what dtype.to_real gives, which torch.compile does not trace).
@@ -51,10 +55,17 @@ def selective_scan(
         out_t = (y_t + D * u_t) * silu(z_t)      (the D and z terms only when given)
 
     Computed in float32 at least: 16-bit arguments are read as float32 (state, products and sums in
-    float32), float64 ones keep float64. Differentiable in every tensor argument. The scan itself is
-    one ``linrec.linrec`` call over the expanded state, which takes memory: its coefficients, inputs
-    and states are each batch * d * n * length elements of the compute dtype, and autograd keeps
-    the states for the backward.
+    float32), float64 ones keep float64. Differentiable in every tensor argument.
+
+    With a real ``A`` on the CPU or a GPU the build's CUDA kernels run on, the scan runs fused
+    (``backend="auto"``): the state stays on chip, u, delta, z, B and C are read once and the output
+    written once; only the state every 1024 steps is kept for the backward, which recomputes the rest.
+    Memory is then O(batch * d * length). The fused kernels give first derivatives. Otherwise (complex
+    ``A``, ``backend="composed"``, or deterministic algorithms asked for on the GPU with a time-varying
+    B or C, whose fused gradient is summed with atomic adds), the scan is one ``linrec.linrec`` call over
+    the expanded state, which takes memory: its coefficients, inputs and states are each
+    batch * d * n * length elements of the compute dtype, and autograd keeps the states for the
+    backward. The composed scan has derivatives of every order.
 
     Args:
         u: the inputs, (batch, d, length), float32, float64, float16 or bfloat16.
@@ -79,8 +90,9 @@ def selective_scan(
             ``linrec.linrec`` takes them: int32 or int64 offsets ``[0, end_0, ..., length]``
             (non-decreasing) with a batch of 1. The state restarts at each sequence's start (from its
             row of ``initial``), and no gradient crosses a boundary.
-        backend: the recurrence's implementation, as ``linrec.linrec`` takes it: ``"auto"`` (the compiled
-            kernels) or a pure-PyTorch reference, ``"loop"``, ``"hop"`` or ``"heinsen"``.
+        backend: ``"auto"`` (the fused kernels where they apply, else the composed scan on linrec's compiled
+            kernels), ``"composed"`` (the composed scan on the compiled kernels), or the composed scan on a
+            pure-PyTorch reference of ``linrec.linrec``: ``"loop"``, ``"hop"`` or ``"heinsen"``.
 
     Returns:
         out, (batch, d, length) of ``u``'s dtype; with ``return_last_state``, the tuple
@@ -97,6 +109,8 @@ def selective_scan(
         >>> out.shape, state.shape
         (torch.Size([2, 8, 32]), torch.Size([2, 8, 4]))
     """
+    if backend not in SELECTIVE_SCAN_BACKENDS:
+        raise ValueError(f"{_OP}: backend must be one of {', '.join(map(repr, SELECTIVE_SCAN_BACKENDS))}, got {backend!r}")
     batch, d, n, length = _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial,
                                  cu_seqlens)
     real_dtype = torch.float32
@@ -104,6 +118,9 @@ def selective_scan(
         if tensor is not None:
             real_dtype = torch.promote_types(real_dtype, _REAL_PART.get(tensor.dtype, tensor.dtype))
     complex_state = A.is_complex()
+    if runs_fused(backend, u.device, complex_state, B.dim() > 2 or C.dim() > 2):
+        out, last_state = _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype)
+        return (out, last_state) if return_last_state else out
     state_dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}[real_dtype] if complex_state else real_dtype
 
     # The small operands are made contiguous (they hold no n dim), so that the products below come out
@@ -126,7 +143,7 @@ def selective_scan(
     inputs = _spread(delta_wide * u_wide, B_wide)  # delta_t * B_t * u_t, (batch, d, n, length)
     start = None if initial is None else initial.to(state_dtype)
     states = linrec(inputs, coeffs.contiguous(), dim=-1, initial=start, cu_seqlens=cu_seqlens, log_coeffs=log_coeffs,
-                    backend=backend)
+                    backend="auto" if backend == "composed" else backend)
 
     y = _contract(states, C_wide)  # (batch, d, length)
     if complex_state:
@@ -139,6 +156,38 @@ def selective_scan(
     if not return_last_state:
         return out
     return out, _last_states(states, start, cu_seqlens)
+
+
+def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens,
+           real_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused kernels' call (real A): the per-step operands in one dtype (u's, delta's and z's common
+    one, or float64 where any argument is), the rest in the state dtype (float32, or float64), B and C
+    varying as (batch, groups, n, length)."""
+    if real_dtype == torch.float64:
+        values = torch.float64
+    else:
+        values = u.dtype
+        for tensor in (delta, z):
+            if tensor is not None:
+                values = torch.promote_types(values, tensor.dtype)
+    state = real_dtype
+
+    def per_step(tensor):
+        return None if tensor is None else tensor.to(values).contiguous()
+
+    def small(tensor):
+        return None if tensor is None else tensor.to(state).contiguous()
+
+    def projection(M, dtype):
+        return small(M) if M.dim() == 2 else (M if M.dim() == 4 else M.unsqueeze(1)).to(dtype).contiguous()
+
+    varying = [M.dtype for M in (B, C) if M.dim() > 2]
+    wide = any(dtype != values for dtype in varying)
+    projection_dtype = state if wide else values
+    out, last_state = fused(per_step(u), per_step(delta), small(A), projection(B, projection_dtype),
+                            projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), delta_softplus,
+                            small(initial), None if cu_seqlens is None else cu_seqlens.contiguous())
+    return out.to(u.dtype), last_state
 
 
 def _last_states(states: torch.Tensor, start: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor:

@@ -38,17 +38,20 @@ __device__ __forceinline__ Affine<Acc> identity_map() {
   return {Acc(1), Acc(0), Acc(0)};
 }
 
-// The map applied to `state`.
-template <bool Compensated, typename Acc>
+// The map applied to `state`. Resets: a zero coefficient drops the state (advance(), numeric.h), as a
+// sequence start needs; without, the plain multiply-add of the loop.
+template <bool Compensated, typename Acc, bool Resets = true>
 __device__ __forceinline__ Acc apply(const Affine<Acc>& map, const Acc& state) {
   if constexpr (Compensated) return advance(map.coeff, map.error, state, map.value);
-  else return advance(map.coeff, state, map.value);
+  else if constexpr (Resets) return advance(map.coeff, state, map.value);
+  else return map.coeff * state + map.value;
 }
 
-// The map that applies `earlier`, then `later`. A later map with coefficient 0 (one that holds a
-// sequence start) is constant: it ignores the earlier one, non-finite values included (numeric.h).
-template <bool Compensated, typename Acc>
+// The map that applies `earlier`, then `later`. With Resets, a later map with coefficient 0 (one that
+// holds a sequence start) is constant: it ignores the earlier one, non-finite values included.
+template <bool Compensated, typename Acc, bool Resets = true>
 __device__ __forceinline__ Affine<Acc> then(const Affine<Acc>& earlier, const Affine<Acc>& later) {
+  if constexpr (!Resets && !Compensated) return {later.coeff * earlier.coeff, later.coeff * earlier.value + later.value, Acc(0)};
   const Acc coeff = compose_coefficients(later.coeff, earlier.coeff);
   if constexpr (Compensated)
     return {coeff, apply<true>(later, earlier.value), product_error(later.coeff, later.error, earlier.coeff, earlier.error, coeff)};
@@ -64,7 +67,7 @@ __device__ __forceinline__ Affine<Acc> shuffled(const Affine<Acc>& map, Shuffle 
 // Inclusive scan of maps across a segment of Width lanes of a warp (every lane calls it), in scan
 // order: lane order, or reversed. Returns the composition of the maps from the segment's first
 // (in scan order) up to this lane's.
-template <int Width, bool Reverse, bool Compensated, typename Acc>
+template <int Width, bool Reverse, bool Compensated, typename Acc, bool Resets = true>
 __device__ __forceinline__ Affine<Acc> segment_inclusive_scan(Affine<Acc> running) {
   const int rank = Reverse ? Width - 1 - threadIdx.x % Width : threadIdx.x % Width;
   #pragma unroll
@@ -74,7 +77,7 @@ __device__ __forceinline__ Affine<Acc> segment_inclusive_scan(Affine<Acc> runnin
       else return __shfl_up_sync(0xffffffffu, part, delta, Width);
     };
     const Affine<Acc> earlier = shuffled<Compensated>(running, earlier_part);
-    if (rank >= delta) running = then<Compensated>(earlier, running);
+    if (rank >= delta) running = then<Compensated, Acc, Resets>(earlier, running);
   }
   return running;
 }
@@ -96,7 +99,11 @@ struct RunningPrefix {
 // contiguous dim take a run of lanes (SegmentLanes = threads per sequence up to a warp); sequences
 // across it (time strided, channels contiguous) take one lane in each of several warps
 // (SegmentLanes = 1), so that a warp's 32 lanes read 32 neighbouring channels.
-template <int SegmentLanes, int SegmentWarps, int Items, bool Reverse, bool Compensated>
+//
+// Resets: a zero coefficient drops the state before it (advance(), numeric.h), as a sequence start
+// needs; without (a kernel whose tiles hold no start but a row's first step, whose carry is finite), the
+// maps compose as the loop steps, one multiply-add each.
+template <int SegmentLanes, int SegmentWarps, int Items, bool Reverse, bool Compensated, bool Resets = true>
 struct TileScan {
   static constexpr bool kCompensated = Compensated;
   static constexpr int kWarp = 32;
@@ -151,8 +158,9 @@ struct TileScan {
       const int i = Reverse ? Items - 1 - n : n, prev = Reverse ? i + 1 : i - 1;
       const Acc item_error = kErrors ? coeff_error[i] : Acc(0);
       if constexpr (kErrors) value[i] = advance(coeff[i], item_error, value[prev], value[i]);
-      else value[i] = advance(coeff[i], value[prev], value[i]);
-      const Acc product = compose_coefficients(coeff[i], coeff[prev]);
+      else if constexpr (Resets) value[i] = advance(coeff[i], value[prev], value[i]);
+      else value[i] = coeff[i] * value[prev] + value[i];
+      const Acc product = Resets ? compose_coefficients(coeff[i], coeff[prev]) : coeff[i] * coeff[prev];
       if constexpr (kErrors) error = product_error(coeff[i], item_error, coeff[prev], error, product);
       else if constexpr (Compensated) error = product_error(coeff[i], coeff[prev], error, product);
       coeff[i] = product;
@@ -164,7 +172,7 @@ struct TileScan {
     const int lane = threadIdx.x % kWarp;
     const int segment_lane = lane % SegmentLanes;
     const int rank = Reverse ? SegmentLanes - 1 - segment_lane : segment_lane;
-    running = segment_inclusive_scan<SegmentLanes, Reverse, Compensated>(running);
+    running = segment_inclusive_scan<SegmentLanes, Reverse, Compensated, Acc, Resets>(running);
     Affine<Acc> exclusive = from_earlier(running, 1);
     if (rank == 0) exclusive = identity_map<Acc>();
     const int last_lane = Reverse ? 0 : SegmentLanes - 1;
@@ -178,18 +186,22 @@ struct TileScan {
       if (segment_lane == last_lane) storage.warp_total[warp_rank][sequence] = total;
       __syncthreads();
       Affine<Acc> before_warp = identity_map<Acc>();
-      for (int w = 0; w < warp_rank; ++w) before_warp = then<Compensated>(before_warp, storage.warp_total[w][sequence]);
-      exclusive = then<Compensated>(before_warp, exclusive);
+      for (int w = 0; w < warp_rank; ++w)
+        before_warp = then<Compensated, Acc, Resets>(before_warp, storage.warp_total[w][sequence]);
+      exclusive = then<Compensated, Acc, Resets>(before_warp, exclusive);
       total = before_warp;
-      for (int w = warp_rank; w < SegmentWarps; ++w) total = then<Compensated>(total, storage.warp_total[w][sequence]);
+      for (int w = warp_rank; w < SegmentWarps; ++w) total = then<Compensated, Acc, Resets>(total, storage.warp_total[w][sequence]);
       __syncthreads();  // the next tile reuses storage
     }
 
     // 4. Every element gets the output before its thread's chunk.
     const Acc carry = prefix(total);
-    const Acc before_chunk = apply<Compensated>(exclusive, carry);
+    const Acc before_chunk = apply<Compensated, Acc, Resets>(exclusive, carry);
     #pragma unroll
-    for (int i = 0; i < Items; ++i) value[i] = advance(coeff[i], before_chunk, value[i]);
+    for (int i = 0; i < Items; ++i) {
+      if constexpr (Resets) value[i] = advance(coeff[i], before_chunk, value[i]);
+      else value[i] = coeff[i] * before_chunk + value[i];
+    }
   }
 };
 

@@ -11,6 +11,7 @@
 
 #include "linrec/params.h"
 #include "linrec/plan.h"
+#include "linrec/ssm/params.h"
 
 // Throws std::runtime_error naming the failed call and CUDA's description of the error.
 #define LINREC_CUDA_CHECK(call)                                                                 \
@@ -31,6 +32,10 @@ Plan make_plan(const BackwardParams& params);
 // Launches `plan` (make_plan of these params, their workspace set) on `stream`.
 void launch(const Plan& plan, const ForwardParams& params, cudaStream_t stream);
 void launch(const Plan& plan, const BackwardParams& params, cudaStream_t stream);
+
+// The fused selective scan (ssm/kernels.cuh): one launch each, no workspace.
+void launch(const ssm::ForwardParams& params, cudaStream_t stream);
+void launch(const ssm::BackwardParams& params, cudaStream_t stream);
 
 // Throws a clear error when `device` cannot run this build's kernels (its arch is not compiled in,
 // or the driver is too old for the CUDA runtime linked into linrec).

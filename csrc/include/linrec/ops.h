@@ -144,6 +144,35 @@ struct Arguments {
   }
 };
 
+// cu_seqlens for `values` packed along a time dim of `length` steps: a contiguous 1-dim int32 or int64
+// tensor of at least 2 offsets on values' device. CPU offsets are checked to run from 0 to `length`
+// without decreasing; CUDA ones are checked once per tensor by the Python API (a copy to the host,
+// which an op cannot afford on every call), and the kernels clamp them to the time dim.
+inline void check_cu_seqlens(const char* op, const char* values_name, const Tensor& values, const Tensor& offsets,
+                             int64_t length) {
+  LINREC_CHECK(offsets.dim() == 1 && offsets.size(0) >= 2, op,
+               ": cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape ", shape_string(offsets));
+  LINREC_CHECK_TYPE(offsets.scalar_type() == torch::headeronly::ScalarType::Int ||
+                        offsets.scalar_type() == torch::headeronly::ScalarType::Long,
+                    op, ": cu_seqlens must be int32 or int64, got ", dtype_string(offsets));
+  LINREC_CHECK(offsets.device() == values.device(), op, ": cu_seqlens must be on the device of ", values_name, " (",
+               device_string(values), "), got ", device_string(offsets));
+  // The kernels read the offsets as a plain array.
+  LINREC_CHECK(offsets.is_contiguous(), op, ": cu_seqlens must be contiguous, got stride ", offsets.stride(0));
+  if (!offsets.is_cpu()) return;
+  const bool is_int64 = offsets.scalar_type() == torch::headeronly::ScalarType::Long;
+  int64_t previous = 0;
+  for (int64_t s = 0; s < offsets.size(0); ++s) {
+    const int64_t value = is_int64 ? offsets.const_data_ptr<int64_t>()[s] : offsets.const_data_ptr<int32_t>()[s];
+    LINREC_CHECK(s > 0 || value == 0, op, ": cu_seqlens must start at 0, got ", value);
+    LINREC_CHECK(value >= previous, op, ": cu_seqlens must be non-decreasing, got ", previous, " then ", value,
+                 " at index ", s);
+    previous = value;
+  }
+  LINREC_CHECK(previous == length, op, ": cu_seqlens must end at the length of the time dim (", length, "), got ",
+               previous);
+}
+
 // Checks `values` (inputs or d_outputs), coeffs, dim, initial, cu_seqlens and log_coeffs together.
 inline Arguments check_arguments(const char* op, const char* values_name, const Tensor& values, const Tensor& coeffs,
                                  int64_t dim, const OptionalTensor& initial, const OptionalTensor& cu_seqlens,
@@ -173,35 +202,10 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
   args.initial_sizes.erase(args.initial_sizes.begin() + args.time_dim);
   if (cu_seqlens) {
     const Tensor& offsets = *cu_seqlens;
-    LINREC_CHECK(offsets.dim() == 1 && offsets.size(0) >= 2, op,
-                 ": cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape ", shape_string(offsets));
-    LINREC_CHECK_TYPE(offsets.scalar_type() == torch::headeronly::ScalarType::Int ||
-                          offsets.scalar_type() == torch::headeronly::ScalarType::Long,
-                      op, ": cu_seqlens must be int32 or int64, got ", dtype_string(offsets));
-    LINREC_CHECK(offsets.device() == values.device(), op, ": cu_seqlens must be on the device of ", values_name, " (",
-                 device_string(values), "), got ", device_string(offsets));
-    // The kernels read the offsets as a plain array.
-    LINREC_CHECK(offsets.is_contiguous(), op, ": cu_seqlens must be contiguous, got stride ", offsets.stride(0));
+    check_cu_seqlens(op, values_name, values, offsets, args.sizes[args.time_dim]);
     LINREC_CHECK(args.time_dim >= 1 && args.sizes[0] == 1, op, ": with cu_seqlens, ", values_name,
                  " packs its sequences along dim ", args.time_dim, " and must have a batch dim (dim 0) of size 1 "
                  "before it, got shape ", shape_string(args.sizes));
-    // CUDA offsets: linrec.linrec checks their values once per tensor (a copy to the host, which an op
-    // cannot afford on every call); the kernels clamp them to the time dim.
-    if (offsets.is_cpu()) {
-      const bool is_int64 = offsets.scalar_type() == torch::headeronly::ScalarType::Long;
-      const int64_t count = offsets.size(0);
-      int64_t previous = 0;
-      for (int64_t s = 0; s < count; ++s) {
-        const int64_t value = is_int64 ? offsets.const_data_ptr<int64_t>()[s * offsets.stride(0)]
-                                       : offsets.const_data_ptr<int32_t>()[s * offsets.stride(0)];
-        LINREC_CHECK(s > 0 || value == 0, op, ": cu_seqlens must start at 0, got ", value);
-        LINREC_CHECK(value >= previous, op, ": cu_seqlens must be non-decreasing, got ", previous, " then ", value,
-                     " at index ", s);
-        previous = value;
-      }
-      LINREC_CHECK(previous == args.sizes[args.time_dim], op, ": cu_seqlens must end at the length of the time dim (",
-                   args.sizes[args.time_dim], "), got ", previous);
-    }
     args.initial_sizes[0] = offsets.size(0) - 1;
   }
   if (initial) {

@@ -246,7 +246,7 @@ class SelectiveScanCase(NamedTuple):
 MAX_SELECTIVE_LOOP_LENGTH = 512
 #: hop keeps its O(log length) levels of full-size (batch, d, n, length) temporaries for the backward.
 MAX_SELECTIVE_HOP_ELEMENTS = 1 << 28
-SELECTIVE_SCAN_BACKENDS = ("auto", "hop", "loop")
+SELECTIVE_SCAN_BACKENDS = ("auto", "composed", "hop", "loop")
 
 
 def selective_scan_cases(device: torch.device) -> list[SelectiveScanCase]:
@@ -296,7 +296,8 @@ def measure_selective_scan_case(device: torch.device, dtype: torch.dtype, case: 
     base = dict(device=device.type, dtype=str(dtype).removeprefix("torch."),
                 shape=_shape_text(tuple(case)), elements=batch * d * n * length)
     rows = []
-    for backend in SELECTIVE_SCAN_BACKENDS:
+    peers = {"mamba_ssm": mamba_selective_scan()} if device.type == "cuda" else {}
+    for backend in (*SELECTIVE_SCAN_BACKENDS, *peers):
         name = "linrec" if backend == "auto" else backend
         row = dict(base, impl=name, fwd_ms=None, ms=None, vs_linrec=None, peak_mib=None, note=None)
         rows.append(row)
@@ -306,8 +307,13 @@ def measure_selective_scan_case(device: torch.device, dtype: torch.dtype, case: 
         if backend == "hop" and row["elements"] > MAX_SELECTIVE_HOP_ELEMENTS:
             row["note"] = "skipped: state > 2^28 elements"
             continue
+        if backend in peers and peers[backend] is None:
+            row["note"] = "not installed"
+            continue
 
         def forward(backend=backend):
+            if backend in peers:
+                return peers[backend](*arguments.values(), True)
             return selective_scan(**arguments, delta_softplus=True, backend=backend)
 
         def forward_backward(backend=backend):
@@ -335,6 +341,15 @@ def measure_selective_scan_case(device: torch.device, dtype: torch.dtype, case: 
         if row["ms"] is not None and linrec_ms is not None:
             row["vs_linrec"] = row["ms"] / linrec_ms
     return rows
+
+
+def mamba_selective_scan() -> Callable | None:
+    """mamba_ssm's selective_scan_fn (its CUDA kernels), when mamba_ssm is installed with them."""
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    except Exception:  # not installed, or installed without its CUDA extension or its dependencies
+        return None
+    return selective_scan_fn
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -446,8 +461,10 @@ SELECTIVE_SCAN_COLUMNS = [("dtype", "dtype", ">8"), ("shape", "b x d x n x len",
                           ("peak_mib", "peak MiB", ">8.0f"), ("note", "note", "<")]
 SELECTIVE_SCAN_TITLE = ("selective scan (Mamba S6; D, z, delta_bias, softplus; B, C shared by the channels): ms of the\n"
                         "forward (no grad) and of forward+backward (all 8 gradients), the latter over linrec's; peak memory of\n"
-                        "forward+backward beyond the arguments (CUDA only, blank on the CPU); hop and loop: the same equations\n"
-                        f"on torch's associative_scan or a Python loop over time (loop skipped past {MAX_SELECTIVE_LOOP_LENGTH} steps)")
+                        "forward+backward beyond the arguments (CUDA only, blank on the CPU). linrec: the fused kernels;\n"
+                        "composed: one linrec.linrec call over the expanded state; hop and loop: the composed scan on torch's\n"
+                        f"associative_scan or a Python loop over time (loop skipped past {MAX_SELECTIVE_LOOP_LENGTH} steps);\n"
+                        "mamba_ssm: its selective_scan_fn, where installed")
 TIMING_COLUMNS = [("direction", "dir", ">3"), ("ms", "ms", ">9.4f"), ("gbps", "GB/s", ">8.1f"), ("ratio", "x add", ">6.2f")]
 
 

@@ -1,0 +1,508 @@
+// The fused selective scan on the GPU. One block per (batch row, channel) walks time in chunks of
+// kChunk steps (its kThreads threads hold kItems consecutive steps each) and, for every state dim j,
+// scans the chunk with the block-scan primitive (block_scan.h), the state before the chunk carried in
+// shared memory. u, delta, z and out move between memory and registers once per chunk; B and C once
+// per state dim, shared by the channels through the caches. Only the state before every chunk goes
+// to memory (checkpoints), and the last state of every sequence.
+//
+// The backward walks the chunks from last to first: it recomputes a chunk's states from its
+// checkpoint, scans the adjoint backwards (g_t = dy_t * C_t + exp(dt_{t+1} * A) * g_{t+1}) with the
+// same primitive, the adjoint after the chunk carried in shared memory, and forms every gradient from
+// the two. The shared gradients are reduced without atomics where they are per channel (A, D,
+// delta_bias, fixed B and C: per-warp sums in shared memory, then per-row partials that the op layer
+// adds up over the batch); varying B and C, shared by the channels of a group, are added up across
+// blocks with one 16-byte atomic add per four steps (sm_90 and newer; per step before).
+//
+// Packed sequences (and each unpacked row) restart the state at their first step: its coefficient
+// becomes 0 and its value exp(dt * A) * initial + dt * B * u, as in the linrec kernels
+// (sequence_starts.h); a sequence's gradient stops there too.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "linrec/block_scan.h"
+#include "linrec/memio.h"
+#include "linrec/ssm/params.h"
+#include "linrec/ssm/step.h"
+
+namespace linrec::ssm {
+
+template <int Threads, int Items>
+struct Policy {
+  static constexpr int kThreads = Threads;
+  static constexpr int kItems = Items;
+  static constexpr int kWarps = Threads / 32;
+  static_assert(Threads * Items == kChunk, "a block's tile is one checkpoint chunk");
+};
+
+// The forward: 64 threads of 16 steps, which spreads the scan's work across threads and warps over
+// twice the steps of 8 a thread. The backward: 128 threads of 8 steps, registers for its dozen
+// per-step arrays without spilling. Both take 16-byte accesses of 16-bit operands.
+using ForwardPolicy = Policy<64, 16>;
+using BackwardPolicy = Policy<128, 8>;
+
+// A time row's values of one chunk to and from registers: 16-byte accesses where every row is
+// aligned for them (ForwardParams::vectorized), element by element otherwise (memio.h).
+template <typename Policy>
+struct ChunkIO {
+  int64_t tile_begin, length;
+  bool vectorized;
+
+  template <typename T, Access Mode>
+  using IO = TileIO<T, Policy::kThreads, Policy::kThreads, Policy::kItems, Mode>;
+
+  // Neither mode stages through shared memory; TileIO asks for its (one-element) storage all the same.
+  template <typename T>
+  __device__ __forceinline__ static IO<T, Access::Vectorized> vector_io() {
+    __shared__ typename IO<T, Access::Vectorized>::Storage unused;
+    return IO<T, Access::Vectorized>(unused, threadIdx.x, 0);
+  }
+  template <typename T>
+  __device__ __forceinline__ static IO<T, Access::Strided> element_io() {
+    __shared__ typename IO<T, Access::Strided>::Storage unused;
+    return IO<T, Access::Strided>(unused, threadIdx.x, 0);
+  }
+
+  template <typename T, typename S>
+  __device__ __forceinline__ void load(const T* row, S (&items)[Policy::kItems], S fill) const {
+    if (vectorized) vector_io<T>().fetch(row, UnitStride{}, tile_begin, length, items, fill);
+    else element_io<T>().fetch(row, UnitStride{}, tile_begin, length, items, fill);
+  }
+
+  template <typename T, typename S>
+  __device__ __forceinline__ void store(T* row, const S (&items)[Policy::kItems]) const {
+    if (vectorized) vector_io<T>().store(row, UnitStride{}, tile_begin, length, items);
+    else element_io<T>().store(row, UnitStride{}, tile_begin, length, items);
+  }
+
+  __device__ __forceinline__ int64_t step(int i) const { return tile_begin + threadIdx.x * Policy::kItems + i; }
+};
+
+// Where a thread's steps start and end sequences: bit i of `starts` / `ends` for its step i.
+template <int Items>
+struct Boundaries {
+  uint32_t starts = 0, ends = 0;
+  int64_t first_sequence = 0;  // the sequence of the thread's first step (inside the row)
+
+  __device__ __forceinline__ Boundaries(const Sequences& sequences, int64_t b, int64_t first, int64_t length) {
+    if (!sequences.packed()) {
+      first_sequence = b;
+      if (first == 0) starts = 1;
+      if (first <= length - 1 && length - 1 < first + Items) ends = 1u << (length - 1 - first);
+      return;
+    }
+    if (first >= length) return;
+    int64_t s = first_sequence = sequences.sequence_at(first);
+    #pragma unroll
+    for (int i = 0; i < Items; ++i) {
+      const int64_t t = first + i;
+      if (t >= length) break;
+      while (sequences.boundary(s + 1) <= t) ++s;
+      if (sequences.boundary(s) == t) starts |= 1u << i;
+      if (sequences.boundary(s + 1) - 1 == t) ends |= 1u << i;
+    }
+  }
+
+  // The sequence of step t (a step of the thread's, where it starts or ends one).
+  __device__ __forceinline__ int64_t sequence_of(const Sequences& sequences, int64_t t) const {
+    int64_t s = first_sequence;
+    if (sequences.packed())
+      while (sequences.boundary(s + 1) <= t) ++s;
+    return s;
+  }
+};
+
+// The state before the block's tile in the forward scan: read from shared memory by every thread,
+// the state after it written back by thread 0 into the other half of a double buffer (the next
+// chunk's), so that no thread reads what another is writing.
+template <typename S, bool Resets>
+struct SharedCarry {
+  const S* read;
+  S* write;
+  S before;
+  __device__ __forceinline__ S operator()(const Affine<S>& total) {
+    before = *read;
+    if (threadIdx.x == 0) *write = apply<false, S, Resets>(total, before);
+    return before;
+  }
+};
+
+// A prefix known beforehand: a checkpoint, or the adjoint carried into a chunk.
+template <typename S>
+struct FixedCarry {
+  S value;
+  __device__ __forceinline__ S operator()(const Affine<S>&) const { return value; }
+};
+
+template <typename S>
+__device__ __forceinline__ S warp_sum(S value) {
+  #pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Adds values[i] to row[t0 + i] for the steps inside the row, across blocks.
+template <int Items, typename S>
+__device__ __forceinline__ void add_across_blocks(S* row, int64_t t0, int64_t length, const S (&values)[Items],
+                                                  bool vectorized) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (std::is_same_v<S, float> && Items % 4 == 0) {
+    if (vectorized && t0 + Items <= length) {
+      #pragma unroll
+      for (int v = 0; v < Items / 4; ++v)
+        atomicAdd(reinterpret_cast<float4*>(row + t0) + v,
+                  make_float4(values[4 * v], values[4 * v + 1], values[4 * v + 2], values[4 * v + 3]));
+      return;
+    }
+  }
+#endif
+  #pragma unroll
+  for (int i = 0; i < Items; ++i)
+    if (t0 + i < length) atomicAdd(row + t0 + i, values[i]);
+}
+
+// exp(dt * A) as exp2(dt * A log2(e)), A's factor taken once per state dim (A2 = A * log2(e)): one
+// multiply and the exp2 unit's instruction per step (float; double takes exp).
+template <typename S>
+__device__ __forceinline__ S scaled_log2(S A) {
+  if constexpr (std::is_same_v<S, float>) return A * 1.4426950408889634f;
+  else return A;
+}
+template <typename S>
+__device__ __forceinline__ S decay_from_log2(S dt, S A2) {
+  if constexpr (std::is_same_v<S, float>) {
+    // The exp2 unit's approximation (relative error below 2^-22), results under 2^-126 flushed to 0:
+    // exp2f's handling of subnormal results costs four more instructions a step.
+    float result;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(dt * A2));
+    return result;
+  } else {
+    return decay(dt, A2);
+  }
+}
+
+// One channel's rows of B or C: state dim j's at first + j * stride (a varying one's time row, or a fixed
+// one's value), found once per block.
+struct ProjectionRows {
+  int64_t first, stride;
+
+  __device__ __forceinline__ ProjectionRows(const Projection& M, int64_t b, int64_t k, const ForwardParams& p)
+      : first(M.offset(b, k, 0, p.d, p.n, p.length)), stride(M.varying ? p.length : 1) {}
+  __device__ __forceinline__ int64_t row(int64_t j) const { return first + j * stride; }
+};
+
+// One (batch row, channel)'s view of the operands.
+template <typename T, typename W, typename S>
+struct Channel {
+  const ForwardParams& p;
+  int64_t b, k, row;
+  ProjectionRows B_rows, C_rows;
+
+  __device__ __forceinline__ Channel(const ForwardParams& params, int64_t row_)
+      : p(params), b(row_ / params.d), k(row_ % params.d), row(row_), B_rows(params.B, b, k, params),
+        C_rows(params.C, b, k, params) {}
+
+  __device__ __forceinline__ const T* values(const void* data) const { return static_cast<const T*>(data) + row * p.length; }
+  __device__ __forceinline__ T* values(void* data) const { return static_cast<T*>(data) + row * p.length; }
+  __device__ __forceinline__ S per_channel(const void* data) const { return data ? static_cast<const S*>(data)[k] : S(0); }
+  __device__ __forceinline__ S A(int64_t j) const { return static_cast<const S*>(p.A)[k * p.n + j]; }
+  __device__ __forceinline__ int64_t state_index(int64_t s, int64_t j) const { return (s * p.d + k) * p.n + j; }
+  __device__ __forceinline__ S initial(int64_t s, int64_t j) const {
+    return p.initial ? static_cast<const S*>(p.initial)[state_index(s, j)] : S(0);
+  }
+
+  // B or C of state dim j over the chunk's steps (fixed ones: the same value for each).
+  template <typename Policy>
+  __device__ __forceinline__ void projection(const Projection& M, const ProjectionRows& rows, int64_t j,
+                                             const ChunkIO<Policy>& io, S (&items)[Policy::kItems]) const {
+    const int64_t offset = rows.row(j);
+    if (!M.varying) {
+      const S value = static_cast<const S*>(M.data)[offset];
+      #pragma unroll
+      for (int i = 0; i < Policy::kItems; ++i) items[i] = value;
+    } else {
+      io.load(static_cast<const W*>(M.data) + offset, items, S(0));
+    }
+  }
+
+  // The chunk's step sizes from delta (loaded into dt), and dt * u; 0 past the length, where the maps are
+  // then the identity and add nothing.
+  template <typename Policy>
+  __device__ __forceinline__ void step_sizes(const ChunkIO<Policy>& io, S bias, S (&dt)[Policy::kItems],
+                                             const S (&u)[Policy::kItems], S (&dtu)[Policy::kItems]) const {
+    const int64_t left = p.length - io.step(0);
+    #pragma unroll
+    for (int i = 0; i < Policy::kItems; ++i) {
+      dt[i] = i < left ? step_size(dt[i], bias, p.delta_softplus) : S(0);
+      dtu[i] = dt[i] * u[i];
+    }
+  }
+
+  // The sequences without steps that this block sets the state of: for packed sequences, every
+  // empty one (for channel k); unpacked, the row's own when the length is 0.
+  template <typename Visit>
+  __device__ __forceinline__ void for_each_empty_sequence(Visit&& visit) const {
+    const int64_t first = p.sequences.packed() ? 0 : b, last = p.sequences.packed() ? p.sequences.count : b + 1;
+    for (int64_t s = first; s < last; ++s)
+      if (p.sequences.empty(s, p.length)) visit(s);
+  }
+
+  // The step's map of state dim j: coeff x + value, a sequence's first step taking its initial state.
+  // A2 = scaled_log2(A). Steps past the length have dt = 0 (step_sizes): the identity map.
+  template <int Items>
+  __device__ __forceinline__ void step_maps(const Boundaries<Items>& bounds, int64_t first, S A2, const S (&dt)[Items],
+                                            const S (&dtu)[Items], const S (&B)[Items], int64_t j, S (&coeff)[Items],
+                                            S (&value)[Items]) const {
+    #pragma unroll
+    for (int i = 0; i < Items; ++i) {
+      coeff[i] = decay_from_log2(dt[i], A2);
+      value[i] = dtu[i] * B[i];
+    }
+    if (bounds.starts) {
+      #pragma unroll
+      for (int i = 0; i < Items; ++i) {
+        if (bounds.starts >> i & 1) {
+          value[i] = coeff[i] * initial(bounds.sequence_of(p.sequences, first + i), j) + value[i];
+          coeff[i] = S(0);
+        }
+      }
+    }
+  }
+};
+
+// Packed: compiled for packed sequences, whose starts inside a tile reset the state (TileScan's
+// ItemResets); without, each row starts at its first step only, and the steps are plain multiply-adds.
+template <typename T, typename W, typename S, typename Policy, bool Packed>
+__global__ void __launch_bounds__(Policy::kThreads) forward_kernel(const ForwardParams p) {
+  constexpr int kItems = Policy::kItems;
+  using Scan = TileScan<32, Policy::kWarps, kItems, /*Reverse=*/false, /*Compensated=*/false, Packed>;
+  __shared__ typename Scan::template Storage<S> scan_storage;
+  extern __shared__ __align__(16) unsigned char dynamic_storage[];
+  S* carries = reinterpret_cast<S*>(dynamic_storage);  // [2][n]: the state before this chunk and the next
+
+  const Channel<T, W, S> ch(p, blockIdx.x);
+  const int64_t n = p.n, chunks = chunks_of(p.length);
+  S* last_state = static_cast<S*>(p.last_state);
+  S* checkpoints = static_cast<S*>(p.checkpoints) + ch.row * chunks * n;
+  for (int64_t j = threadIdx.x; j < 2 * n; j += Policy::kThreads) carries[j] = S(0);
+  if (threadIdx.x == 0)
+    ch.for_each_empty_sequence([&](int64_t s) {
+      for (int64_t j = 0; j < n; ++j) last_state[ch.state_index(s, j)] = ch.initial(s, j);
+    });
+  __syncthreads();
+  const S bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
+
+  for (int64_t c = 0; c < chunks; ++c) {
+    const ChunkIO<Policy> io{c * kChunk, p.length, p.vectorized};
+    const int64_t first = io.step(0);
+    S u[kItems], dt[kItems], dtu[kItems], y[kItems];
+    io.load(ch.values(p.u), u, S(0));
+    io.load(ch.values(p.delta), dt, S(0));
+    ch.step_sizes(io, bias, dt, u, dtu);
+    #pragma unroll
+    for (int i = 0; i < kItems; ++i) y[i] = D * u[i];
+    const Boundaries<kItems> bounds(p.sequences, ch.b, first, p.length);
+    S* read = carries + (c & 1) * n;
+    S* write = carries + ((c + 1) & 1) * n;
+    for (int64_t j = 0; j < n; ++j) {
+      S coeff[kItems], value[kItems], M[kItems];
+      ch.projection(p.B, ch.B_rows, j, io, M);
+      ch.step_maps(bounds, first, scaled_log2(ch.A(j)), dt, dtu, M, j, coeff, value);
+      SharedCarry<S, Packed> carry{read + j, write + j, S(0)};
+      Scan::scan(value, coeff, scan_storage, carry);  // value[i]: the state after step i
+      if (threadIdx.x == 0) checkpoints[c * n + j] = carry.before;
+      ch.projection(p.C, ch.C_rows, j, io, M);
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) y[i] += M[i] * value[i];
+      if (bounds.ends) {
+        #pragma unroll
+        for (int i = 0; i < kItems; ++i)
+          if (bounds.ends >> i & 1) last_state[ch.state_index(bounds.sequence_of(p.sequences, first + i), j)] = value[i];
+      }
+    }
+    if (p.z) {
+      S z[kItems];
+      io.load(ch.values(p.z), z, S(0));
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) y[i] *= silu(z[i]);
+    }
+    io.store(ch.values(p.out), y);
+  }
+}
+
+template <typename T, typename W, typename S, typename Policy, bool Packed>
+__global__ void __launch_bounds__(Policy::kThreads) backward_kernel(const BackwardParams p) {
+  constexpr int kItems = Policy::kItems, kWarps = Policy::kWarps;
+  using ForwardScan = TileScan<32, kWarps, kItems, /*Reverse=*/false, /*Compensated=*/false, Packed>;
+  using ReverseScan = TileScan<32, kWarps, kItems, /*Reverse=*/true, /*Compensated=*/false, Packed>;
+  __shared__ typename ForwardScan::template Storage<S> forward_storage;
+  __shared__ typename ReverseScan::template Storage<S> reverse_storage;
+  __shared__ S warp_first_coeff[kWarps];  // each warp's first coefficient, for the warp before it
+  __shared__ S block_sums[2][kWarps];
+  extern __shared__ __align__(16) unsigned char dynamic_storage[];
+  const int64_t n = p.n, chunks = chunks_of(p.length);
+  // [2][n]: the adjoint carried into this chunk and the one before (exp(dt * A) * g at the chunk's
+  // first step); then per-warp sums [kWarps][n] of d_A, fixed d_B and fixed d_C.
+  S* carried = reinterpret_cast<S*>(dynamic_storage);
+  S* sums_A = carried + 2 * n;
+  S* sums_B = sums_A + kWarps * n;
+  S* sums_C = sums_B + kWarps * n;
+
+  const Channel<T, W, S> ch(p, blockIdx.x);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const S* checkpoints = static_cast<const S*>(p.saved_checkpoints) + ch.row * chunks * n;
+  const auto d_last = [&](int64_t s, int64_t j) {
+    return p.d_last_state ? static_cast<const S*>(p.d_last_state)[ch.state_index(s, j)] : S(0);
+  };
+  for (int64_t j = threadIdx.x; j < (2 + 3 * kWarps) * n; j += Policy::kThreads) carried[j] = S(0);
+  if (threadIdx.x == 0 && p.d_initial)
+    ch.for_each_empty_sequence([&](int64_t s) {
+      for (int64_t j = 0; j < n; ++j) static_cast<S*>(p.d_initial)[ch.state_index(s, j)] = d_last(s, j);
+    });
+  __syncthreads();
+  const S bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
+  S sum_D = 0, sum_delta_bias = 0;  // this thread's terms of d_D and d_delta_bias
+
+  for (int64_t c = chunks - 1; c >= 0; --c) {
+    const ChunkIO<Policy> io{c * kChunk, p.length, p.vectorized};
+    const int64_t first = io.step(0);
+    S u[kItems], dt[kItems], dtu[kItems], dy[kItems], y[kItems], d_u[kItems], d_dt[kItems];
+    io.load(ch.values(p.u), u, S(0));
+    io.load(ch.values(p.delta), dt, S(0));
+    io.load(ch.values(p.d_out), dy, S(0));
+    ch.step_sizes(io, bias, dt, u, dtu);
+    if (p.z) {
+      S z[kItems];
+      io.load(ch.values(p.z), z, S(0));
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) dy[i] *= silu(z[i]);
+    }
+    #pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      y[i] = D * u[i];
+      d_u[i] = dy[i] * D;
+      d_dt[i] = S(0);
+      sum_D += dy[i] * u[i];
+    }
+    const Boundaries<kItems> bounds(p.sequences, ch.b, first, p.length);
+    const S* carried_in = carried + (c & 1) * n;
+    S* carried_out = carried + ((c + 1) & 1) * n;
+
+    for (int64_t j = 0; j < n; ++j) {
+      const S A = ch.A(j), A2 = scaled_log2(A);
+      S coeff[kItems], x[kItems], B[kItems], C[kItems], next[kItems], g[kItems];
+      ch.projection(p.B, ch.B_rows, j, io, B);
+      ch.step_maps(bounds, first, A2, dt, dtu, B, j, coeff, x);
+      // next[i]: the coefficient through which step i's adjoint reaches back from step i + 1 (0
+      // where that step starts a sequence). The chunk's last step takes 1: the carried adjoint
+      // already holds the next chunk's coefficient.
+      const S first_coeff = coeff[0];
+      #pragma unroll
+      for (int i = 0; i + 1 < kItems; ++i) next[i] = coeff[i + 1];
+      const S next_lane_first = __shfl_down_sync(0xffffffffu, first_coeff, 1);
+      if (lane == 0) warp_first_coeff[warp] = first_coeff;
+      FixedCarry<S> checkpoint{checkpoints[c * n + j]};
+      ForwardScan::scan(x, coeff, forward_storage, checkpoint);  // synchronizes the block
+      next[kItems - 1] = lane < 31 ? next_lane_first : warp + 1 < kWarps ? warp_first_coeff[warp + 1] : S(1);
+
+      ch.projection(p.C, ch.C_rows, j, io, C);
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        y[i] += C[i] * x[i];
+        g[i] = dy[i] * C[i];
+      }
+      if (bounds.ends) {
+        #pragma unroll
+        for (int i = 0; i < kItems; ++i)
+          if (bounds.ends >> i & 1) g[i] += d_last(bounds.sequence_of(p.sequences, first + i), j);
+      }
+      FixedCarry<S> after_chunk{carried_in[j]};
+      ReverseScan::scan(g, next, reverse_storage, after_chunk);  // g[i]: the adjoint of x[i]
+      if (threadIdx.x == 0) carried_out[j] = Packed ? advance(first_coeff, g[0], S(0)) : first_coeff * g[0];
+
+      S part_A = 0, part_B = 0, part_C = 0, d_B[kItems], d_C[kItems];
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const S b_value = dtu[i] * B[i];
+        const S d_decay = g[i] * (x[i] - b_value);  // d out / d exp(dt * A), times exp(dt * A)
+        d_u[i] += g[i] * B[i] * dt[i];
+        d_dt[i] += g[i] * B[i] * u[i] + d_decay * A;
+        part_A += d_decay * dt[i];
+        d_B[i] = g[i] * dtu[i];
+        d_C[i] = dy[i] * x[i];
+        part_B += d_B[i];
+        part_C += d_C[i];
+      }
+      if (bounds.starts && p.d_initial) {
+        #pragma unroll
+        for (int i = 0; i < kItems; ++i)
+          if (bounds.starts >> i & 1)
+            static_cast<S*>(p.d_initial)[ch.state_index(bounds.sequence_of(p.sequences, first + i), j)] =
+                decay_from_log2(dt[i], A2) * g[i];
+      }
+      part_A = warp_sum(part_A);
+      if (lane == 0) sums_A[warp * n + j] += part_A;
+      if (p.B.varying) {
+        add_across_blocks(static_cast<S*>(p.d_B) + ch.B_rows.row(j), first, p.length, d_B,
+                          p.vectorized);
+      } else {
+        part_B = warp_sum(part_B);
+        if (lane == 0) sums_B[warp * n + j] += part_B;
+      }
+      if (p.C.varying) {
+        add_across_blocks(static_cast<S*>(p.d_C) + ch.C_rows.row(j), first, p.length, d_C,
+                          p.vectorized);
+      } else {
+        part_C = warp_sum(part_C);
+        if (lane == 0) sums_C[warp * n + j] += part_C;
+      }
+    }
+
+    S delta[kItems];
+    io.load(ch.values(p.delta), delta, S(0));
+    #pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (p.delta_softplus) d_dt[i] *= softplus_slope(delta[i] + bias);
+      if (first + i < p.length) sum_delta_bias += d_dt[i];
+    }
+    io.store(ch.values(p.d_u), d_u);
+    io.store(ch.values(p.d_delta), d_dt);
+    if (p.z) {
+      S z[kItems], d_out[kItems];
+      io.load(ch.values(p.z), z, S(0));
+      io.load(ch.values(p.d_out), d_out, S(0));
+      #pragma unroll
+      for (int i = 0; i < kItems; ++i) y[i] = d_out[i] * y[i] * silu_slope(z[i]);
+      io.store(ch.values(p.d_z), y);
+    }
+  }
+
+  // The per-row partial sums, each in a fixed order.
+  sum_D = warp_sum(sum_D);
+  sum_delta_bias = warp_sum(sum_delta_bias);
+  if (lane == 0) {
+    block_sums[0][warp] = sum_D;
+    block_sums[1][warp] = sum_delta_bias;
+  }
+  __syncthreads();
+  const auto over_warps = [&](const S* sums, int64_t j, int64_t stride) {
+    S total = 0;
+    for (int w = 0; w < kWarps; ++w) total += sums[w * stride + j];
+    return total;
+  };
+  for (int64_t j = threadIdx.x; j < n; j += Policy::kThreads) {
+    static_cast<S*>(p.d_A)[ch.row * n + j] = over_warps(sums_A, j, n);
+    if (!p.B.varying) static_cast<S*>(p.d_B)[ch.row * n + j] = over_warps(sums_B, j, n);
+    if (!p.C.varying) static_cast<S*>(p.d_C)[ch.row * n + j] = over_warps(sums_C, j, n);
+  }
+  if (threadIdx.x == 0) {
+    if (p.d_D) static_cast<S*>(p.d_D)[ch.row] = over_warps(block_sums[0], 0, 1);
+    if (p.d_delta_bias) static_cast<S*>(p.d_delta_bias)[ch.row] = over_warps(block_sums[1], 0, 1);
+  }
+}
+
+}  // namespace linrec::ssm

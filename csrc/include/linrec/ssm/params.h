@@ -1,0 +1,111 @@
+// The fused selective scan's parameters: plain structs handed from the op layer (ssm/ops.h) to the
+// CPU loop (ssm/sequential.h) and the CUDA kernels (ssm/kernels.cuh). Torch-free.
+//
+// Layouts (every tensor contiguous, time last):
+//   u, delta, z, out, and their gradients: (batch, d, length), element type T;
+//   A (d, n), D and delta_bias (d,), initial and last_state (sequences, d, n): the state type S
+//   (float32, or float64 beside float64 T);
+//   B and C: fixed (d, n) in S, or varying (batch, groups, n, length) in T or S, channel k reading
+//   group k / (d / groups);
+//   checkpoints: (batch, d, chunks, n) in S, the state before each chunk of kChunk steps.
+#pragma once
+
+#include <cstdint>
+
+#include "linrec/params.h"
+
+namespace linrec::ssm {
+
+// Time steps between the states the forward saves for the backward, which recomputes the states
+// inside a chunk from the one before it. Both devices use it: it sets the checkpoints' shape.
+constexpr int64_t kChunk = 1024;
+
+LINREC_HOST_DEVICE int64_t chunks_of(int64_t length) { return (length + kChunk - 1) / kChunk; }
+
+// B or C.
+struct Projection {
+  const void* data = nullptr;
+  bool varying = false;  // (batch, groups, n, length); else fixed (d, n)
+  bool wide = false;     // varying, stored in the state type S rather than T
+  int64_t groups = 1;
+
+  // The first element of channel k's (batch row b's) values of state dim j: a fixed one's value, or
+  // the start of a varying one's time row.
+  LINREC_HOST_DEVICE int64_t offset(int64_t b, int64_t k, int64_t j, int64_t d, int64_t n, int64_t length) const {
+    if (!varying) return k * n + j;
+    return ((b * groups + k / (d / groups)) * n + j) * length;
+  }
+};
+
+// Packed sequences along time (batch 1), or one sequence per row.
+struct Sequences {
+  const void* cu_seqlens = nullptr;  // int32 or int64 offsets [0, ..., length]; null: unpacked
+  bool offsets_int64 = false;
+  int64_t count = 0;                 // sequences: rows of initial and last_state
+
+  LINREC_HOST_DEVICE int64_t boundary(int64_t s) const {
+    return offsets_int64 ? static_cast<const int64_t*>(cu_seqlens)[s] : static_cast<const int32_t*>(cu_seqlens)[s];
+  }
+
+  LINREC_HOST_DEVICE bool packed() const { return cu_seqlens != nullptr; }
+
+  // Whether sequence s has no steps (rows count as sequences when unpacked).
+  LINREC_HOST_DEVICE bool empty(int64_t s, int64_t length) const {
+    return packed() ? boundary(s) == boundary(s + 1) : length == 0;
+  }
+
+  // The packed sequence holding step t: the last one starting at or before it (skipping the empty
+  // ones that start there too).
+  LINREC_HOST_DEVICE int64_t sequence_at(int64_t t) const {
+    int64_t low = 0, high = count;
+    while (high - low > 1) {
+      const int64_t middle = low + (high - low) / 2;
+      if (boundary(middle) <= t) low = middle;
+      else high = middle;
+    }
+    return low;
+  }
+};
+
+struct ForwardParams {
+  DType dtype = DType::Float32;  // T
+  DType state_dtype = DType::Float32;  // S
+  int64_t batch = 0, d = 0, n = 0, length = 0;
+  const void* u = nullptr;
+  const void* delta = nullptr;
+  const void* z = nullptr;           // optional
+  const void* A = nullptr;
+  Projection B, C;
+  const void* D = nullptr;           // optional
+  const void* delta_bias = nullptr;  // optional
+  bool delta_softplus = false;
+  // Every time row (of u, delta, z, out, varying B and C, and the backward's) starts 16-byte aligned,
+  // so that the CUDA kernels move them in 16-byte accesses.
+  bool vectorized = false;
+  const void* initial = nullptr;     // optional
+  Sequences sequences;
+  void* out = nullptr;
+  void* checkpoints = nullptr;
+  void* last_state = nullptr;        // an empty sequence's is its initial state (zeros without one)
+};
+
+// The backward's inputs are the forward's, its upstream gradients and checkpoints. Outputs: d_u,
+// d_delta and d_z per element; the gradients of the shared operands as partial sums that the op
+// layer adds up: d_A, and fixed d_B / d_C, per batch row (batch, d, n); d_D and d_delta_bias per batch
+// row (batch, d); varying d_B / d_C summed over channels in S, zeroed beforehand.
+struct BackwardParams : ForwardParams {
+  const void* d_out = nullptr;
+  const void* d_last_state = nullptr;  // optional, (sequences, d, n) in S
+  const void* saved_checkpoints = nullptr;  // the forward's checkpoints
+  void* d_u = nullptr;
+  void* d_delta = nullptr;
+  void* d_z = nullptr;                 // when z is given
+  void* d_A = nullptr;
+  void* d_B = nullptr;
+  void* d_C = nullptr;
+  void* d_D = nullptr;                 // when D is given
+  void* d_delta_bias = nullptr;        // when delta_bias is given
+  void* d_initial = nullptr;           // when initial is given, (sequences, d, n) in S
+};
+
+}  // namespace linrec::ssm

@@ -1,0 +1,81 @@
+// The fused selective scan's translation unit: its kernels (ssm/kernels.cuh) instantiated for every
+// element type of u (T), of varying B and C (W: T, or the state type S beside 16-bit T), and launched
+// with one block per (batch row, channel).
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "linrec/cuda_launch.h"
+#include "linrec/dispatch.h"
+#include "linrec/ssm/kernels.cuh"
+
+namespace linrec::cuda {
+namespace {
+
+using ssm::BackwardPolicy;
+using ssm::ForwardPolicy;
+
+// Calls body.template operator()<T, W, S>() for the call's element types.
+template <typename Body>
+void dispatch_types(const ssm::ForwardParams& params, Body&& body) {
+  dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
+    if constexpr (!is_complex<T>::value) {
+      using S = accumulator_t<T>;
+      // Varying B and C share one dtype (the op layer checks it).
+      const bool wide = (params.B.varying && params.B.wide) || (params.C.varying && params.C.wide);
+      if constexpr (std::is_same_v<T, S>) body.template operator()<T, T, S>();
+      else if (wide) body.template operator()<T, S, S>();
+      else body.template operator()<T, T, S>();
+    }
+  });
+}
+
+// Launches `kernel` with `shared_bytes` of dynamic shared memory, raising the kernel's limit where
+// the state dim asks for more than the default 48 KB.
+template <typename Policy, typename Params>
+void launch_rows(void (*kernel)(Params), const Params& params, int64_t shared_bytes, cudaStream_t stream) {
+  const int64_t rows = params.batch * params.d;
+  if (rows == 0) return;
+  if (rows > std::numeric_limits<int>::max())
+    throw std::invalid_argument("linrec: selective_scan: batch * d = " + std::to_string(rows) +
+                                " is more than the 2^31 - 1 blocks a launch can have");
+  if (shared_bytes > 48 * 1024) {
+    int device = 0, limit = 0;
+    LINREC_CUDA_CHECK(cudaGetDevice(&device));
+    LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (shared_bytes > limit)
+      throw std::invalid_argument("linrec: selective_scan: the state dim n = " + std::to_string(params.n) +
+                                  " needs " + std::to_string(shared_bytes) + " bytes of shared memory per block, "
+                                  "more than this GPU's " + std::to_string(limit));
+    LINREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(shared_bytes)));
+  }
+  kernel<<<static_cast<unsigned>(rows), Policy::kThreads, shared_bytes, stream>>>(params);
+  LINREC_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch(const ssm::ForwardParams& params, cudaStream_t stream) {
+  dispatch_types(params, [&]<typename T, typename W, typename S>() {
+    // The state before the current chunk and the next, per state dim.
+    const int64_t shared_bytes = 2 * params.n * int64_t(sizeof(S));
+    if (params.sequences.packed())
+      launch_rows<ForwardPolicy>(ssm::forward_kernel<T, W, S, ForwardPolicy, true>, params, shared_bytes, stream);
+    else
+      launch_rows<ForwardPolicy>(ssm::forward_kernel<T, W, S, ForwardPolicy, false>, params, shared_bytes, stream);
+  });
+}
+
+void launch(const ssm::BackwardParams& params, cudaStream_t stream) {
+  dispatch_types(params, [&]<typename T, typename W, typename S>() {
+    // The adjoints carried between chunks, and per-warp sums of d_A, fixed d_B and fixed d_C.
+    const int64_t shared_bytes = (2 + 3 * BackwardPolicy::kWarps) * params.n * int64_t(sizeof(S));
+    if (params.sequences.packed())
+      launch_rows<BackwardPolicy>(ssm::backward_kernel<T, W, S, BackwardPolicy, true>, params, shared_bytes, stream);
+    else
+      launch_rows<BackwardPolicy>(ssm::backward_kernel<T, W, S, BackwardPolicy, false>, params, shared_bytes, stream);
+  });
+}
+
+}  // namespace linrec::cuda

@@ -1,0 +1,133 @@
+"""The fused selective scan's ops (csrc/include/linrec/ssm/): fake kernels, derivatives, and the call that
+``linrec.selective_scan`` makes.
+
+torch.ops.linrec.selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens)
+    -> (out, checkpoints, last_state)
+torch.ops.linrec.selective_scan_backward(d_out, d_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                                         initial, cu_seqlens, checkpoints)
+    -> (d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial)
+Schemas and semantics are declared in csrc/kernels/schemas.cpp. The forward is differentiable once (in
+every tensor argument and through last_state); a second derivative raises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import library  # noqa: F401  (loads the ops)
+from .backend import cuda_device_problem
+from .library import HAS_CUDA_KERNELS
+
+CHUNK = 1024  # steps between checkpoints (ssm/params.h: kChunk)
+_FORWARD = torch.ops.linrec.selective_scan_forward.default
+_BACKWARD = torch.ops.linrec.selective_scan_backward.default
+
+
+def _state_dtype(u: torch.Tensor) -> torch.dtype:
+    return torch.float64 if u.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("linrec::selective_scan_forward")
+def _forward_fake(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial=None,
+                  cu_seqlens=None):
+    torch._check(u.dim() == 3, lambda: f"selective_scan_forward: u must be 3-dim (batch, d, length), got {u.dim()} dims")
+    torch._check(A.dim() == 2, lambda: f"selective_scan_forward: A must be (d, n), got {A.dim()} dims")
+    batch, d, length = u.shape
+    n = A.shape[1]
+    sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    state = _state_dtype(u)
+    chunks = (length + CHUNK - 1) // CHUNK
+    return (u.new_empty(u.shape), u.new_empty((batch, d, chunks, n), dtype=state),
+            u.new_empty((sequences, d, n), dtype=state))
+
+
+@torch.library.register_fake("linrec::selective_scan_backward")
+def _backward_fake(d_out, d_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens,
+                   checkpoints):
+    state = _state_dtype(u)
+
+    def like(tensor: torch.Tensor | None, dtype: torch.dtype = state) -> torch.Tensor:
+        return u.new_empty((0,), dtype=state) if tensor is None else u.new_empty(tensor.shape, dtype=dtype)
+
+    return (u.new_empty(u.shape), u.new_empty(u.shape), like(A), like(B, B.dtype), like(C, C.dtype), like(D),
+            like(z, u.dtype), like(delta_bias), like(initial))
+
+
+_INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus", "initial", "cu_seqlens")
+
+
+_TENSOR_INPUTS = tuple(name for name in _INPUTS if name != "delta_softplus")
+
+
+def _setup_context(ctx, inputs, output):
+    arguments = dict(zip(_INPUTS, inputs))
+    ctx.delta_softplus = arguments["delta_softplus"]
+    ctx.save_for_backward(*(arguments[name] for name in _TENSOR_INPUTS), output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, d_out, _d_checkpoints, d_last_state):
+    saved = ctx.saved_tensors
+    values = dict(zip(_TENSOR_INPUTS, saved[:-1]))
+    checkpoints = saved[-1]
+    u = values["u"]
+    if d_out is None:
+        d_out = torch.zeros_like(u)
+    grads = _BACKWARD(d_out.contiguous(), None if d_last_state is None else d_last_state.contiguous(), u,
+                      values["delta"], values["A"], values["B"], values["C"], values["D"], values["z"],
+                      values["delta_bias"], ctx.delta_softplus, values["initial"],
+                      values["cu_seqlens"], checkpoints)
+    d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial = grads
+
+    def given(name, gradient):  # absent optional arguments get None (the op returns an empty tensor)
+        return gradient if values[name] is not None else None
+
+    return (d_u, d_delta, d_A, d_B, d_C, given("D", d_D), given("z", d_z), given("delta_bias", d_delta_bias), None,
+            given("initial", d_initial), None)
+
+
+torch.library.register_autograd("linrec::selective_scan_forward", _backward, setup_context=_setup_context)
+
+
+def _no_second_derivative(ctx, *grads):
+    raise NotImplementedError(
+        "linrec.selective_scan: the fused kernels give first derivatives only; for higher derivatives pass "
+        "backend='composed', which runs the scan as one linrec.linrec call over the expanded state")
+
+
+def _backward_setup(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd("linrec::selective_scan_backward", _no_second_derivative,
+                                setup_context=_backward_setup)
+
+
+@torch.compiler.assume_constant_result
+def _reproducible_sums_required() -> bool:
+    """torch.use_deterministic_algorithms(True) without warn_only; torch.compile reads it once, at tracing."""
+    return torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def runs_fused(backend: str, device: torch.device, complex_state: bool, varying_projection: bool) -> bool:
+    """Whether linrec.selective_scan takes the fused kernels: backend "auto", a real A, a CPU tensor or a GPU the
+    build's CUDA kernels run on, and, where ``torch.use_deterministic_algorithms(True)`` asks for reproducible
+    results on the GPU, B and C fixed: the fused backward adds a varying B's and C's gradient terms across
+    blocks with atomic adds, in an order that varies from run to run (the composed scan sums them in a fixed
+    order). With ``warn_only=True`` the fused kernels stay, as torch keeps its own nondeterministic kernels then."""
+    if backend != "auto" or complex_state:
+        return False
+    if device.type == "cpu":
+        return True
+    if device.type != "cuda" or not HAS_CUDA_KERNELS:
+        return False
+    if varying_projection and _reproducible_sums_required():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.compiler.is_compiling() or cuda_device_problem(index) is None
+
+
+def fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens):
+    """The forward op with autograd: (out, last_state)."""
+    out, _checkpoints, last_state = _FORWARD(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens)
+    return out, last_state
