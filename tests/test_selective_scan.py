@@ -434,9 +434,9 @@ def test_export(device, seed):
         assert_matches(got, want.cpu(), want.dtype, name)
 
 
-# Lengths around the fused kernels' chunk of 1024 steps (the states saved for the backward) and their
-# tiles' thread boundaries (8 steps a thread).
-CHUNK_LENGTHS = [8, 9, 1023, 1024, 1025, 2049]
+# Lengths around the fused kernels' chunk of 1024 steps (the states saved for the backward), their
+# tiles' thread boundaries (8 or 16 steps a thread) and the limits of the short-sequence tiles (256, 512).
+CHUNK_LENGTHS = [8, 9, 256, 257, 511, 513, 1023, 1024, 1025, 2049]
 
 
 @pytest.mark.parametrize("length", CHUNK_LENGTHS)
@@ -448,8 +448,8 @@ def test_chunk_boundaries(device, seed, length):
     check_against_loop(arguments, options)
 
 
-@pytest.mark.parametrize("offsets", [[0, 1000, 1024, 1024, 1030, 2050], [0, 0, 1024, 2049, 2050]],
-                         ids=["inside-and-at-chunk-ends", "empty-first-at-the-end"])
+@pytest.mark.parametrize("offsets", [[0, 1000, 1024, 1024, 1030, 2050], [0, 0, 1024, 2049, 2050], [0, 100, 100, 300, 400]],
+                         ids=["inside-and-at-chunk-ends", "empty-first-at-the-end", "short-tile"])
 def test_packed_sequences_across_chunks(device, seed, offsets):
     arguments, options = make_arguments(device, torch.float32, False, "shared", "grouped", length=offsets[-1],
                                         batch=1, d=2, n=2, groups=1)

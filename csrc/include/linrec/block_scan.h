@@ -103,7 +103,13 @@ struct RunningPrefix {
 // Resets: a zero coefficient drops the state before it (advance(), numeric.h), as a sequence start
 // needs; without (a kernel whose tiles hold no start but a row's first step, whose carry is finite), the
 // maps compose as the loop steps, one multiply-add each.
-template <int SegmentLanes, int SegmentWarps, int Items, bool Reverse, bool Compensated, bool Resets = true>
+//
+// Alternating: the caller alternates between two Storage objects from one scan to the next (or between
+// two TileScans' storages), so that a scan need not wait, after reading the warps' totals, for every
+// thread to have read them: the next scan writes the other storage, and the one after waits on the
+// next scan's barrier first. One barrier a scan instead of two.
+template <int SegmentLanes, int SegmentWarps, int Items, bool Reverse, bool Compensated, bool Resets = true,
+          bool Alternating = false>
 struct TileScan {
   static constexpr bool kCompensated = Compensated;
   static constexpr int kWarp = 32;
@@ -191,7 +197,7 @@ struct TileScan {
       exclusive = then<Compensated, Acc, Resets>(before_warp, exclusive);
       total = before_warp;
       for (int w = warp_rank; w < SegmentWarps; ++w) total = then<Compensated, Acc, Resets>(total, storage.warp_total[w][sequence]);
-      __syncthreads();  // the next tile reuses storage
+      if constexpr (!Alternating) __syncthreads();  // the next tile reuses storage
     }
 
     // 4. Every element gets the output before its thread's chunk.

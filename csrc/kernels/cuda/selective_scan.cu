@@ -12,8 +12,6 @@
 namespace linrec::cuda {
 namespace {
 
-using ssm::BackwardPolicy;
-using ssm::ForwardPolicy;
 
 // Calls body.template operator()<T, W, S>() for the call's element types.
 template <typename Body>
@@ -58,23 +56,27 @@ void launch_rows(void (*kernel)(Params), const Params& params, int64_t shared_by
 
 void launch(const ssm::ForwardParams& params, cudaStream_t stream) {
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
-    // The state before the current chunk and the next, per state dim.
-    const int64_t shared_bytes = 2 * params.n * int64_t(sizeof(S));
-    if (params.sequences.packed())
-      launch_rows<ForwardPolicy>(ssm::forward_kernel<T, W, S, ForwardPolicy, true>, params, shared_bytes, stream);
-    else
-      launch_rows<ForwardPolicy>(ssm::forward_kernel<T, W, S, ForwardPolicy, false>, params, shared_bytes, stream);
+    ssm::dispatch_forward_policy(params.length, [&]<typename Policy>() {
+      // The state before the current chunk and the next, per state dim.
+      const int64_t shared_bytes = 2 * params.n * int64_t(sizeof(S));
+      if (params.sequences.packed())
+        launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
+      else
+        launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
+    });
   });
 }
 
 void launch(const ssm::BackwardParams& params, cudaStream_t stream) {
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
-    // The adjoints carried between chunks, and per-warp sums of d_A, fixed d_B and fixed d_C.
-    const int64_t shared_bytes = (2 + 3 * BackwardPolicy::kWarps) * params.n * int64_t(sizeof(S));
-    if (params.sequences.packed())
-      launch_rows<BackwardPolicy>(ssm::backward_kernel<T, W, S, BackwardPolicy, true>, params, shared_bytes, stream);
-    else
-      launch_rows<BackwardPolicy>(ssm::backward_kernel<T, W, S, BackwardPolicy, false>, params, shared_bytes, stream);
+    ssm::dispatch_backward_policy(params.length, [&]<typename Policy>() {
+      // The adjoints carried between chunks, and per-warp sums of d_A, fixed d_B and fixed d_C.
+      const int64_t shared_bytes = (2 + 3 * Policy::kWarps) * params.n * int64_t(sizeof(S));
+      if (params.sequences.packed())
+        launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
+      else
+        launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
+    });
   });
 }
 

@@ -31,19 +31,42 @@
 
 namespace linrec::ssm {
 
-template <int Threads, int Items>
+// MinBlocks: blocks an SM is to hold at least (__launch_bounds__), which caps the registers a thread takes.
+template <int Threads, int Items, int MinBlocks = 1>
 struct Policy {
   static constexpr int kThreads = Threads;
   static constexpr int kItems = Items;
+  static constexpr int kMinBlocks = MinBlocks;
   static constexpr int kWarps = Threads / 32;
-  static_assert(Threads * Items == kChunk, "a block's tile is one checkpoint chunk");
+  static constexpr int kTile = Threads * Items;
+  // A tile is a checkpoint chunk, or, for a sequence of one tile at most, shorter.
+  static_assert(kChunk % kTile == 0, "a block's tile divides a checkpoint chunk");
 };
 
 // The forward: 64 threads of 16 steps, which spreads the scan's work across threads and warps over
 // twice the steps of 8 a thread. The backward: 128 threads of 8 steps, registers for its dozen
-// per-step arrays without spilling. Both take 16-byte accesses of 16-bit operands.
-using ForwardPolicy = Policy<64, 16>;
-using BackwardPolicy = Policy<128, 8>;
+// per-step arrays. Both take 16-byte accesses of 16-bit operands. Each state dim's scan is a chain of
+// dependent steps (loads, exp2, shuffles, a barrier), so the kernels are bound by latency: the
+// minimum blocks per SM trade registers for resident warps (10 and 4 blocks measured faster than the
+// compiler's choice of 8 and 3, in docs/design.md).
+using ForwardPolicy = Policy<64, 16, 10>;
+using BackwardPolicy = Policy<128, 8, 4>;
+
+// Calls body.template operator()<Policy>() with the policy of a call of `length` steps: rows of one
+// short tile (a warp of 8 or 16 steps a thread, or two warps) up to 512 steps, so that a short sequence
+// does not take a chunk of 1024 steps mostly past its end; the chunk policies beyond.
+template <typename Body>
+void dispatch_forward_policy(int64_t length, Body&& body) {
+  if (length <= 256) body.template operator()<Policy<32, 8>>();
+  else if (length <= 512) body.template operator()<Policy<32, 16>>();
+  else body.template operator()<ForwardPolicy>();
+}
+template <typename Body>
+void dispatch_backward_policy(int64_t length, Body&& body) {
+  if (length <= 256) body.template operator()<Policy<32, 8>>();
+  else if (length <= 512) body.template operator()<Policy<64, 8>>();
+  else body.template operator()<BackwardPolicy>();
+}
 
 // A time row's values of one chunk to and from registers: 16-byte accesses where every row is
 // aligned for them (ForwardParams::vectorized), element by element otherwise (memio.h).
@@ -277,10 +300,10 @@ struct Channel {
 // Packed: compiled for packed sequences, whose starts inside a tile reset the state (TileScan's
 // ItemResets); without, each row starts at its first step only, and the steps are plain multiply-adds.
 template <typename T, typename W, typename S, typename Policy, bool Packed>
-__global__ void __launch_bounds__(Policy::kThreads) forward_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) forward_kernel(const ForwardParams p) {
   constexpr int kItems = Policy::kItems;
-  using Scan = TileScan<32, Policy::kWarps, kItems, /*Reverse=*/false, /*Compensated=*/false, Packed>;
-  __shared__ typename Scan::template Storage<S> scan_storage;
+  using Scan = TileScan<32, Policy::kWarps, kItems, /*Reverse=*/false, /*Compensated=*/false, Packed, /*Alternating=*/true>;
+  __shared__ typename Scan::template Storage<S> scan_storage[2];  // alternating from scan to scan
   extern __shared__ __align__(16) unsigned char dynamic_storage[];
   S* carries = reinterpret_cast<S*>(dynamic_storage);  // [2][n]: the state before this chunk and the next
 
@@ -295,6 +318,7 @@ __global__ void __launch_bounds__(Policy::kThreads) forward_kernel(const Forward
     });
   __syncthreads();
   const S bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
+  int storage_turn = 0;  // which scan storage the next scan takes: they alternate from scan to scan
 
   for (int64_t c = 0; c < chunks; ++c) {
     const ChunkIO<Policy> io{c * kChunk, p.length, p.vectorized};
@@ -308,12 +332,12 @@ __global__ void __launch_bounds__(Policy::kThreads) forward_kernel(const Forward
     const Boundaries<kItems> bounds(p.sequences, ch.b, first, p.length);
     S* read = carries + (c & 1) * n;
     S* write = carries + ((c + 1) & 1) * n;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = 0; j < n; ++j, storage_turn ^= 1) {
       S coeff[kItems], value[kItems], M[kItems];
       ch.projection(p.B, ch.B_rows, j, io, M);
       ch.step_maps(bounds, first, scaled_log2(ch.A(j)), dt, dtu, M, j, coeff, value);
       SharedCarry<S, Packed> carry{read + j, write + j, S(0)};
-      Scan::scan(value, coeff, scan_storage, carry);  // value[i]: the state after step i
+      Scan::scan(value, coeff, scan_storage[storage_turn], carry);  // value[i]: the state after step i
       if (threadIdx.x == 0) checkpoints[c * n + j] = carry.before;
       ch.projection(p.C, ch.C_rows, j, io, M);
       #pragma unroll
@@ -335,10 +359,11 @@ __global__ void __launch_bounds__(Policy::kThreads) forward_kernel(const Forward
 }
 
 template <typename T, typename W, typename S, typename Policy, bool Packed>
-__global__ void __launch_bounds__(Policy::kThreads) backward_kernel(const BackwardParams p) {
+__global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward_kernel(const BackwardParams p) {
   constexpr int kItems = Policy::kItems, kWarps = Policy::kWarps;
-  using ForwardScan = TileScan<32, kWarps, kItems, /*Reverse=*/false, /*Compensated=*/false, Packed>;
-  using ReverseScan = TileScan<32, kWarps, kItems, /*Reverse=*/true, /*Compensated=*/false, Packed>;
+  // The two scans of a state dim alternate their storages (TileScan's Alternating).
+  using ForwardScan = TileScan<32, kWarps, kItems, /*Reverse=*/false, /*Compensated=*/false, Packed, true>;
+  using ReverseScan = TileScan<32, kWarps, kItems, /*Reverse=*/true, /*Compensated=*/false, Packed, true>;
   __shared__ typename ForwardScan::template Storage<S> forward_storage;
   __shared__ typename ReverseScan::template Storage<S> reverse_storage;
   __shared__ S warp_first_coeff[kWarps];  // each warp's first coefficient, for the warp before it
