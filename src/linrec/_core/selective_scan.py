@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from . import library  # noqa: F401  (loads the ops)
 from .backend import cuda_device_problem
-from .library import HAS_CUDA_KERNELS
+from .library import HAS_CUDA_KERNELS  # importing library loads the ops
 
 CHUNK = 1024  # steps between checkpoints (ssm/params.h: kChunk)
 _FORWARD = torch.ops.linrec.selective_scan_forward.default

@@ -19,15 +19,25 @@ template <typename T, typename S>
 struct Row {
   const ForwardParams& p;
   int64_t b, k, row;  // row = b * d + k, the row of (batch, d, length) tensors
+  // Where state dim j's B and C start: first + j * stride (a fixed one's value, or a varying one's time row).
+  int64_t B_first, B_stride, C_first, C_stride;
 
-  Row(const ForwardParams& params, int64_t b_, int64_t k_) : p(params), b(b_), k(k_), row(b_ * params.d + k_) {}
+  Row(const ForwardParams& params, int64_t b_, int64_t k_)
+      : p(params), b(b_), k(k_), row(b_ * params.d + k_),
+        B_first(params.B.offset(b_, k_, 0, params.d, params.n, params.length)),
+        B_stride(params.B.varying ? params.length : 1),
+        C_first(params.C.offset(b_, k_, 0, params.d, params.n, params.length)),
+        C_stride(params.C.varying ? params.length : 1) {}
 
   S at(const void* data, int64_t t) const { return static_cast<S>(static_cast<const T*>(data)[row * p.length + t]); }
-  S projection(const Projection& M, int64_t j, int64_t t) const {
-    const int64_t offset = M.offset(b, k, j, p.d, p.n, p.length);
-    if (!M.varying) return static_cast<const S*>(M.data)[offset];
-    return M.wide ? static_cast<const S*>(M.data)[offset + t] : static_cast<S>(static_cast<const T*>(M.data)[offset + t]);
+  static S read(const Projection& M, int64_t index) {
+    return M.wide || !M.varying ? static_cast<const S*>(M.data)[index] : static_cast<S>(static_cast<const T*>(M.data)[index]);
   }
+  S B(int64_t j, int64_t t) const { return read(p.B, B_first + j * B_stride + (p.B.varying ? t : 0)); }
+  S C(int64_t j, int64_t t) const { return read(p.C, C_first + j * C_stride + (p.C.varying ? t : 0)); }
+  // The offset of state dim j's step t in a varying projection's (or its gradient's) memory.
+  int64_t B_index(int64_t j, int64_t t) const { return B_first + j * B_stride + t; }
+  int64_t C_index(int64_t j, int64_t t) const { return C_first + j * C_stride + t; }
   S per_channel(const void* data) const { return data ? static_cast<const S*>(data)[k] : S(0); }
   S A(int64_t j) const { return static_cast<const S*>(p.A)[k * p.n + j]; }
   S dt(int64_t t) const { return step_size(at(p.delta, t), per_channel(p.delta_bias), p.delta_softplus); }
@@ -62,7 +72,7 @@ void scan_steps(const Row<T, S>& r, int64_t begin, int64_t end, S* states, Visit
     const bool start = r.start(s, t);
     for (int64_t j = 0; j < p.n; ++j) {
       const S before = start ? r.initial(s, j) : states[j];
-      states[j] = decay(dt, r.A(j)) * before + dtu * r.projection(p.B, j, t);
+      states[j] = decay(dt, r.A(j)) * before + dtu * r.B(j, t);
     }
     visit(t, s, dt, states);
   }
@@ -78,7 +88,7 @@ void forward_row(const ForwardParams& p, int64_t b, int64_t k) {
     std::copy(states.begin(), states.end(), checkpoints + begin / kChunk * p.n);
     scan_steps(r, begin, std::min(begin + kChunk, p.length), states.data(), [&](int64_t t, int64_t s, S, const S* x) {
       S y = 0;
-      for (int64_t j = 0; j < p.n; ++j) y += r.projection(p.C, j, t) * x[j];
+      for (int64_t j = 0; j < p.n; ++j) y += r.C(j, t) * x[j];
       const S u = r.at(p.u, t);
       y += r.per_channel(p.D) * u;
       if (p.z) y *= silu(r.at(p.z, t));
@@ -106,9 +116,6 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
   const auto d_last = [&](int64_t s, int64_t j) {
     return p.d_last_state ? static_cast<const S*>(p.d_last_state)[r.state_index(s, j)] : S(0);
   };
-  const auto accumulate_varying = [&](const Projection& M, void* gradient, int64_t j, int64_t t, S value) {
-    static_cast<S*>(gradient)[M.offset(b, k, j, p.d, n, p.length) + t] += value;
-  };
 
   for (int64_t c = chunks - 1; c >= 0; --c) {
     const int64_t begin = c * kChunk, end = std::min(begin + kChunk, p.length);
@@ -126,7 +133,7 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
       const S u = r.at(p.u, t), dt = r.dt(t), dtu = dt * u, d_out = r.at(p.d_out, t);
       const bool start = r.start(s, t), end_of_sequence = r.end(s, t);
       S y = r.per_channel(p.D) * u;
-      for (int64_t j = 0; j < n; ++j) y += r.projection(p.C, j, t) * x[j];
+      for (int64_t j = 0; j < n; ++j) y += r.C(j, t) * x[j];
       S d_y = d_out;
       if (p.z) {
         const S z = r.at(p.z, t);
@@ -136,7 +143,7 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
       S d_u = d_y * r.per_channel(p.D), d_dt = 0;
       d_D += d_y * u;
       for (int64_t j = 0; j < n; ++j) {
-        const S B = r.projection(p.B, j, t), C = r.projection(p.C, j, t);
+        const S B = r.B(j, t), C = r.C(j, t);
         const S adjoint = d_y * C + (end_of_sequence ? d_last(s, j) : carried[j]);
         const S a = decay(dt, r.A(j));
         const S before = start ? r.initial(s, j) : x_before[j];
@@ -144,9 +151,9 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
         d_u += adjoint * B * dt;
         d_dt += adjoint * B * u + d_decay * a * r.A(j);
         d_A[j] += d_decay * a * dt;
-        if (p.B.varying) accumulate_varying(p.B, p.d_B, j, t, adjoint * dtu);
+        if (p.B.varying) static_cast<S*>(p.d_B)[r.B_index(j, t)] += adjoint * dtu;
         else d_B_fixed[j] += adjoint * dtu;
-        if (p.C.varying) accumulate_varying(p.C, p.d_C, j, t, d_y * x[j]);
+        if (p.C.varying) static_cast<S*>(p.d_C)[r.C_index(j, t)] += d_y * x[j];
         else d_C_fixed[j] += d_y * x[j];
         if (start) {
           if (p.d_initial) static_cast<S*>(p.d_initial)[r.state_index(s, j)] = a * adjoint;
