@@ -82,7 +82,8 @@ def test_gpu_layout_cases_are_valid_calls(monkeypatch):
 
 
 def test_selective_scan_table(device, monkeypatch, tmp_path, capsys):
-    """Every backend runs on a small Mamba-like case; the loop is skipped past its length limit."""
+    """Every backend runs on a small Mamba-like case; the loop is skipped past its length limit; on the GPU
+    a mamba_ssm row runs where mamba_ssm is installed and says so where it is not."""
     def time_once(fn):  # the timed functions take the backend as a default argument: linrec's are 2 ms, the others 4
         fn()
         return 2.0 if fn.__defaults__ == ("auto",) else 4.0
@@ -92,22 +93,26 @@ def test_selective_scan_table(device, monkeypatch, tmp_path, capsys):
     cases = [bench.SelectiveScanCase(2, 4, 3, 16), bench.SelectiveScanCase(1, 4, 2, 17)]
     rows = bench.measure_selective_scan(torch.device(device), [torch.float32, torch.bfloat16, torch.complex64],
                                         lambda runs: runs, cases)
+    impls = ("linrec", "composed", "hop", "loop") + (("mamba_ssm",) if device == "cuda" else ())
     assert [(row["dtype"], row["shape"], row["impl"]) for row in rows] == [
         (dtype, shape, impl) for dtype in ("float32", "bfloat16") for shape in ("2x4x3x16", "1x4x2x17")
-        for impl in ("linrec", "hop", "loop")]
+        for impl in impls]
+    mamba_installed = bench.mamba_selective_scan() is not None
     for row in rows:
-        skipped = row["impl"] == "loop" and row["shape"] == "1x4x2x17"
+        skipped = ((row["impl"] == "loop" and row["shape"] == "1x4x2x17")
+                   or (row["impl"] == "mamba_ssm" and not mamba_installed))
         assert (row["ms"] is None) == skipped and (row["note"] is not None) == skipped
         if not skipped:
             assert row["vs_linrec"] == (1.0 if row["impl"] == "linrec" else 2.0)
             assert (row["peak_mib"] is None) == (device == "cpu")
             if row["peak_mib"] is not None:
                 assert row["peak_mib"] > 0
-    assert rows[5]["note"] == "skipped: length > 16"
+    loop_row = rows.index(next(row for row in rows if row["impl"] == "loop" and row["shape"] == "1x4x2x17"))
+    assert rows[loop_row]["note"] == "skipped: length > 16"
 
     bench.print_table(rows, bench.SELECTIVE_SCAN_COLUMNS, [])
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 2 + len(rows) and "fwd+bwd ms" in printed[0] and "skipped" in printed[2 + 5]
+    assert len(printed) == 2 + len(rows) and "fwd+bwd ms" in printed[0] and "skipped" in printed[2 + loop_row]
     bench.write_csv(rows, tmp_path / "selective.csv")
     with (tmp_path / "selective.csv").open() as handle:
         assert len(list(csv.DictReader(handle))) == len(rows)
