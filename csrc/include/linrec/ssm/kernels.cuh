@@ -124,7 +124,7 @@ struct Boundaries {
     for (int i = 0; i < Items; ++i) {
       const int64_t t = first + i;
       if (t >= length) break;
-      while (sequences.boundary(s + 1) <= t) ++s;
+      s = sequences.forward_to(s, t);
       if (sequences.boundary(s) == t) starts |= 1u << i;
       if (sequences.boundary(s + 1) - 1 == t) ends |= 1u << i;
     }
@@ -132,10 +132,7 @@ struct Boundaries {
 
   // The sequence of step t (a step of the thread's, where it starts or ends one).
   __device__ __forceinline__ int64_t sequence_of(const Sequences& sequences, int64_t t) const {
-    int64_t s = first_sequence;
-    if (sequences.packed())
-      while (sequences.boundary(s + 1) <= t) ++s;
-    return s;
+    return sequences.packed() ? sequences.forward_to(first_sequence, t) : first_sequence;
   }
 };
 
@@ -265,15 +262,6 @@ struct Channel {
     }
   }
 
-  // The sequences without steps that this block sets the state of: for packed sequences, every
-  // empty one (for channel k); unpacked, the row's own when the length is 0.
-  template <typename Visit>
-  __device__ __forceinline__ void for_each_empty_sequence(Visit&& visit) const {
-    const int64_t first = p.sequences.packed() ? 0 : b, last = p.sequences.packed() ? p.sequences.count : b + 1;
-    for (int64_t s = first; s < last; ++s)
-      if (p.sequences.empty(s, p.length)) visit(s);
-  }
-
   // The step's map of state dim j: coeff x + value, a sequence's first step taking its initial state.
   // A2 = scaled_log2(A). Steps past the length have dt = 0 (step_sizes): the identity map.
   template <int Items>
@@ -313,7 +301,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) forward_
   S* checkpoints = static_cast<S*>(p.checkpoints) + ch.row * chunks * n;
   for (int64_t j = threadIdx.x; j < 2 * n; j += Policy::kThreads) carries[j] = S(0);
   if (threadIdx.x == 0)
-    ch.for_each_empty_sequence([&](int64_t s) {
+    p.sequences.for_each_empty(ch.b, [&](int64_t s) {
       for (int64_t j = 0; j < n; ++j) last_state[ch.state_index(s, j)] = ch.initial(s, j);
     });
   __syncthreads();
@@ -385,7 +373,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
   };
   for (int64_t j = threadIdx.x; j < (2 + 3 * kWarps) * n; j += Policy::kThreads) carried[j] = S(0);
   if (threadIdx.x == 0 && p.d_initial)
-    ch.for_each_empty_sequence([&](int64_t s) {
+    p.sequences.for_each_empty(ch.b, [&](int64_t s) {
       for (int64_t j = 0; j < n; ++j) static_cast<S*>(p.d_initial)[ch.state_index(s, j)] = d_last(s, j);
     });
   __syncthreads();
@@ -469,22 +457,19 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
             static_cast<S*>(p.d_initial)[ch.state_index(bounds.sequence_of(p.sequences, first + i), j)] =
                 decay_from_log2(dt[i], A2) * g[i];
       }
-      part_A = warp_sum(part_A);
-      if (lane == 0) sums_A[warp * n + j] += part_A;
-      if (p.B.varying) {
-        add_across_blocks(static_cast<S*>(p.d_B) + ch.B_rows.row(j), first, p.length, d_B,
-                          p.vectorized);
-      } else {
-        part_B = warp_sum(part_B);
-        if (lane == 0) sums_B[warp * n + j] += part_B;
-      }
-      if (p.C.varying) {
-        add_across_blocks(static_cast<S*>(p.d_C) + ch.C_rows.row(j), first, p.length, d_C,
-                          p.vectorized);
-      } else {
-        part_C = warp_sum(part_C);
-        if (lane == 0) sums_C[warp * n + j] += part_C;
-      }
+      // Per-channel sums go to the warp's slot; a varying projection's terms, per step, across blocks.
+      const auto add_to_sums = [&](S* sums, S part) {
+        part = warp_sum(part);
+        if (lane == 0) sums[warp * n + j] += part;
+      };
+      const auto add_projection_gradient = [&](const Projection& M, const ProjectionRows& rows, void* gradient,
+                                               S* sums, S part, const S (&terms)[kItems]) {
+        if (M.varying) add_across_blocks(static_cast<S*>(gradient) + rows.row(j), first, p.length, terms, p.vectorized);
+        else add_to_sums(sums, part);
+      };
+      add_to_sums(sums_A, part_A);
+      add_projection_gradient(p.B, ch.B_rows, p.d_B, sums_B, part_B, d_B);
+      add_projection_gradient(p.C, ch.C_rows, p.d_C, sums_C, part_C, d_C);
     }
 
     S delta[kItems];

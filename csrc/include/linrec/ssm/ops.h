@@ -116,6 +116,7 @@ inline ForwardParams check_arguments(const char* op, Shape& shape, const Tensor&
     params.sequences.offsets_int64 = cu_seqlens->scalar_type() == ScalarType::Long;
   }
   params.sequences.count = shape.sequences;
+  params.sequences.length = shape.length;
   if (initial)
     check_tensor(op, "initial", *initial, u, {shape.state}, state_text, {shape.sequences, shape.d, shape.n},
                  "(sequences, d, n)");

@@ -42,17 +42,20 @@ struct Sequences {
   const void* cu_seqlens = nullptr;  // int32 or int64 offsets [0, ..., length]; null: unpacked
   bool offsets_int64 = false;
   int64_t count = 0;                 // sequences: rows of initial and last_state
+  int64_t length = 0;                // of the time dim
 
+  // Offset s, clamped to [0, length]: the API checks the offsets' values in eager mode, and a traced
+  // call's offsets must not lead the kernels out of their rows.
   LINREC_HOST_DEVICE int64_t boundary(int64_t s) const {
-    return offsets_int64 ? static_cast<const int64_t*>(cu_seqlens)[s] : static_cast<const int32_t*>(cu_seqlens)[s];
+    const int64_t value =
+        offsets_int64 ? static_cast<const int64_t*>(cu_seqlens)[s] : static_cast<const int32_t*>(cu_seqlens)[s];
+    return value < 0 ? 0 : value > length ? length : value;
   }
 
   LINREC_HOST_DEVICE bool packed() const { return cu_seqlens != nullptr; }
 
   // Whether sequence s has no steps (rows count as sequences when unpacked).
-  LINREC_HOST_DEVICE bool empty(int64_t s, int64_t length) const {
-    return packed() ? boundary(s) == boundary(s + 1) : length == 0;
-  }
+  LINREC_HOST_DEVICE bool empty(int64_t s) const { return packed() ? boundary(s) == boundary(s + 1) : length == 0; }
 
   // The packed sequence holding step t: the last one starting at or before it (skipping the empty
   // ones that start there too).
@@ -64,6 +67,26 @@ struct Sequences {
       else high = middle;
     }
     return low;
+  }
+
+  // The packed sequence holding step t, walking forward from sequence s (one starting at or before t),
+  // or backward from s (one holding a later step).
+  LINREC_HOST_DEVICE int64_t forward_to(int64_t s, int64_t t) const {
+    while (s + 1 < count && boundary(s + 1) <= t) ++s;
+    return s;
+  }
+  LINREC_HOST_DEVICE int64_t backward_to(int64_t s, int64_t t) const {
+    while (s > 0 && boundary(s) > t) --s;
+    return s;
+  }
+
+  // Calls visit(s) for the sequences without steps whose state batch row b's tasks set: every packed
+  // one (packed sequences have batch 1), or the row's own when the length is 0.
+  template <typename Visit>
+  LINREC_HOST_DEVICE void for_each_empty(int64_t b, Visit&& visit) const {
+    const int64_t first = packed() ? 0 : b, last = packed() ? count : b + 1;
+    for (int64_t s = first; s < last; ++s)
+      if (empty(s)) visit(s);
   }
 };
 

@@ -48,14 +48,6 @@ struct Row {
   bool end(int64_t s, int64_t t) const {
     return p.sequences.packed() ? p.sequences.boundary(s + 1) - 1 == t : t == p.length - 1;
   }
-  // The sequences whose state this row's task sets when they have no steps: every packed one (for
-  // channel k, from batch row 0), or the row's own.
-  template <typename Visit>
-  void for_each_empty_sequence(Visit&& visit) const {
-    const int64_t first = p.sequences.packed() ? 0 : b, last = p.sequences.packed() ? p.sequences.count : b + 1;
-    for (int64_t s = first; s < last; ++s)
-      if (p.sequences.empty(s, p.length)) visit(s);
-  }
 };
 
 // Advances the states of steps [begin, end) of one row: states[j] holds the state before `begin` and
@@ -65,8 +57,7 @@ void scan_steps(const Row<T, S>& r, int64_t begin, int64_t end, S* states, Visit
   const ForwardParams& p = r.p;
   int64_t s = p.sequences.packed() ? p.sequences.sequence_at(begin) : r.b;
   for (int64_t t = begin; t < end; ++t) {
-    if (p.sequences.packed())
-      while (p.sequences.boundary(s + 1) <= t) ++s;
+    if (p.sequences.packed()) s = p.sequences.forward_to(s, t);
     const S dt = r.dt(t);
     const S dtu = dt * r.at(p.u, t);
     const bool start = r.start(s, t);
@@ -97,7 +88,7 @@ void forward_row(const ForwardParams& p, int64_t b, int64_t k) {
         for (int64_t j = 0; j < p.n; ++j) last_state[r.state_index(s, j)] = x[j];
     });
   }
-  r.for_each_empty_sequence([&](int64_t s) {
+  p.sequences.for_each_empty(b, [&](int64_t s) {
     for (int64_t j = 0; j < p.n; ++j) last_state[r.state_index(s, j)] = r.initial(s, j);
   });
 }
@@ -126,8 +117,7 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
     });
     int64_t s = p.sequences.packed() ? p.sequences.sequence_at(end - 1) : b;
     for (int64_t t = end - 1; t >= begin; --t) {
-      if (p.sequences.packed())
-        while (p.sequences.boundary(s) > t) --s;
+      if (p.sequences.packed()) s = p.sequences.backward_to(s, t);
       const S* x = states.data() + (t - begin + 1) * n;
       const S* x_before = states.data() + (t - begin) * n;
       const S u = r.at(p.u, t), dt = r.dt(t), dtu = dt * u, d_out = r.at(p.d_out, t);
@@ -169,7 +159,7 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
       static_cast<T*>(p.d_delta)[r.row * p.length + t] = static_cast<T>(d_delta);
     }
   }
-  r.for_each_empty_sequence([&](int64_t s) {
+  p.sequences.for_each_empty(b, [&](int64_t s) {
     if (p.d_initial)
       for (int64_t j = 0; j < n; ++j) static_cast<S*>(p.d_initial)[r.state_index(s, j)] = d_last(s, j);
   });
