@@ -434,9 +434,9 @@ def test_export(device, seed):
         assert_matches(got, want.cpu(), want.dtype, name)
 
 
-# Lengths around the fused kernels' chunk of 1024 steps (the states saved for the backward), their
-# tiles' thread boundaries (8 or 16 steps a thread) and the limits of the short-sequence tiles (256, 512).
-CHUNK_LENGTHS = [8, 9, 256, 257, 511, 513, 1023, 1024, 1025, 2049]
+# Lengths around the fused kernels' chunk of 256 steps (the states saved for the backward, and the GPU
+# block kernels' tile) and their threads' 8 steps.
+CHUNK_LENGTHS = [8, 9, 255, 256, 257, 511, 513, 1025]
 
 
 @pytest.mark.parametrize("length", CHUNK_LENGTHS)
@@ -453,6 +453,39 @@ def test_chunk_boundaries(device, seed, length):
 def test_packed_sequences_across_chunks(device, seed, offsets):
     arguments, options = make_arguments(device, torch.float32, False, "shared", "grouped", length=offsets[-1],
                                         batch=1, d=2, n=2, groups=1)
+    arguments["initial"] = _initial(arguments, len(offsets) - 1, device)
+    check_against_loop(arguments, options, cu_seqlens=offsets)
+
+
+# The GPU's lane kernels take B and C varying with the same groups and n <= 64: a lane walks time for
+# four state dims (one where the call has too few channels to fill the GPU), over tiles of 16 steps.
+LANE_LENGTHS = [1, 15, 16, 17, 255, 256, 257, 530]
+
+
+@pytest.mark.parametrize("length", LANE_LENGTHS)
+@pytest.mark.parametrize("n", [3, 16, 40, 64])
+def test_lane_kernels(device, seed, n, length):
+    """Tiles and chunks, state dims that leave a lane's last ones unused, with an initial state."""
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=length, batch=1,
+                                        d=6, n=n, groups=2)
+    arguments["initial"] = _initial(arguments, 1, device)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_lane_kernels_many_channels(device, seed, dtype):
+    """Channels enough for four state dims a lane on the GPU; each group's last block holds fewer
+    channels than it has slots."""
+    arguments, options = make_arguments(device, dtype, False, "grouped", "grouped", length=37, batch=3, d=2900, n=16,
+                                        groups=2, param_dtype=torch.float32)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("offsets", [[0, 200, 256, 256, 300, 530], [0, 0, 17, 17, 40], [0, 16, 32, 33]],
+                         ids=["across-chunks", "empty", "at-tile-ends"])
+def test_lane_kernels_packed(device, seed, offsets):
+    arguments, options = make_arguments(device, torch.float32, False, "shared", "shared", length=offsets[-1],
+                                        batch=1, d=3, n=16)
     arguments["initial"] = _initial(arguments, len(offsets) - 1, device)
     check_against_loop(arguments, options, cu_seqlens=offsets)
 

@@ -251,6 +251,55 @@ struct TileIO {
   }
 };
 
+// The unsigned type of `Bytes` bytes, for a run's single access.
+template <int Bytes> struct RunBits;
+template <> struct RunBits<2> { using type = unsigned short; };
+template <> struct RunBits<4> { using type = unsigned int; };
+template <> struct RunBits<8> { using type = uint2; };
+template <> struct RunBits<16> { using type = uint4; };
+
+// A run of N consecutive elements of a contiguous row from `begin`, as stored (zeros at and past
+// `length`), in one register-sized value: kept so until unpacked, the load need not complete before
+// it is used. With `aligned` (the row starts aligned to the run's size, and begin is a multiple of
+// N), a run wholly inside the row is one access of N * sizeof(T) bytes.
+template <int N, typename T>
+__device__ __forceinline__ typename RunBits<N * sizeof(T)>::type fetch_bits(const T* row, int64_t begin, int64_t length,
+                                                                         bool aligned) {
+  using Bits = typename RunBits<N * sizeof(T)>::type;
+  if (aligned && begin + N <= length) return *reinterpret_cast<const Bits*>(row + begin);
+  Bits bits;
+  T* values = reinterpret_cast<T*>(&bits);
+  #pragma unroll
+  for (int i = 0; i < N; ++i) values[i] = begin + i < length ? row[begin + i] : static_cast<T>(0.0f);
+  return bits;
+}
+
+// The elements of a fetched run, as Acc.
+template <int N, typename T, typename Acc, typename Bits>
+__device__ __forceinline__ void unpack_run(const Bits& bits, Acc (&items)[N]) {
+  static_assert(sizeof(Bits) == N * sizeof(T), "a run's bits hold its N elements");
+  const T* values = reinterpret_cast<const T*>(&bits);
+  #pragma unroll
+  for (int i = 0; i < N; ++i) items[i] = static_cast<Acc>(values[i]);
+}
+
+// row[begin + i] = items[i] for the steps before `length`, as fetch_run reads them.
+template <int N, typename T, typename Acc>
+__device__ __forceinline__ void store_run(T* row, int64_t begin, int64_t length, bool aligned, const Acc (&items)[N]) {
+  using Bits = typename RunBits<N * sizeof(T)>::type;
+  if (aligned && begin + N <= length) {
+    Bits bits;
+    T* values = reinterpret_cast<T*>(&bits);
+    #pragma unroll
+    for (int i = 0; i < N; ++i) values[i] = static_cast<T>(items[i]);
+    *reinterpret_cast<Bits*>(row + begin) = bits;
+  } else {
+    #pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (begin + i < length) row[begin + i] = static_cast<T>(items[i]);
+  }
+}
+
 // One element, or `fill` outside [0, length): the neighbour a shifted (backward) access needs.
 template <typename T, typename Acc, typename Stride>
 __device__ __forceinline__ Acc load_one(const T* row, Stride time_stride, int64_t index, int64_t length, Acc fill) {

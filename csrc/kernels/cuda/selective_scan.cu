@@ -1,6 +1,7 @@
-// The fused selective scan's translation unit: its kernels (ssm/kernels.cuh) instantiated for every
-// element type of u (T), of varying B and C (W: T, or the state type S beside 16-bit T), and launched
-// with one block per (batch row, channel).
+// The fused selective scan's translation unit: its two kernel families, the lane family
+// (ssm/lane_kernels.cuh) for Mamba's operands and the block family (ssm/kernels.cuh) for the rest,
+// instantiated for every element type of u (T), of varying B and C (W: T, or the state type S beside
+// 16-bit T).
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -8,6 +9,7 @@
 #include "linrec/cuda_launch.h"
 #include "linrec/dispatch.h"
 #include "linrec/ssm/kernels.cuh"
+#include "linrec/ssm/lane_kernels.cuh"
 
 namespace linrec::cuda {
 namespace {
@@ -28,6 +30,20 @@ void dispatch_types(const ssm::ForwardParams& params, Body&& body) {
   });
 }
 
+// Raises `kernel`'s dynamic shared memory limit where it asks for more than the default 48 KB.
+template <typename Kernel>
+void allow_shared(Kernel kernel, int64_t shared_bytes, int64_t n) {
+  if (shared_bytes <= 48 * 1024) return;
+  int device = 0, limit = 0;
+  LINREC_CUDA_CHECK(cudaGetDevice(&device));
+  LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (shared_bytes > limit)
+    throw std::invalid_argument("linrec: selective_scan: the state dim n = " + std::to_string(n) + " needs " +
+                                std::to_string(shared_bytes) + " bytes of shared memory per block, more than this GPU's " +
+                                std::to_string(limit));
+  LINREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
+}
+
 // Launches `kernel` with `shared_bytes` of dynamic shared memory, raising the kernel's limit where
 // the state dim asks for more than the default 48 KB.
 template <typename Policy, typename Params>
@@ -37,46 +53,89 @@ void launch_rows(void (*kernel)(Params), const Params& params, int64_t shared_by
   if (rows > std::numeric_limits<int>::max())
     throw std::invalid_argument("linrec: selective_scan: batch * d = " + std::to_string(rows) +
                                 " is more than the 2^31 - 1 blocks a launch can have");
-  if (shared_bytes > 48 * 1024) {
-    int device = 0, limit = 0;
-    LINREC_CUDA_CHECK(cudaGetDevice(&device));
-    LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (shared_bytes > limit)
-      throw std::invalid_argument("linrec: selective_scan: the state dim n = " + std::to_string(params.n) +
-                                  " needs " + std::to_string(shared_bytes) + " bytes of shared memory per block, "
-                                  "more than this GPU's " + std::to_string(limit));
-    LINREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(shared_bytes)));
-  }
+  allow_shared(kernel, shared_bytes, params.n);
   kernel<<<static_cast<unsigned>(rows), Policy::kThreads, shared_bytes, stream>>>(params);
   LINREC_CUDA_CHECK(cudaGetLastError());
+}
+
+
+// The streaming multiprocessors of the current device.
+int multiprocessors() {
+  int device = 0, count = 0;
+  LINREC_CUDA_CHECK(cudaGetDevice(&device));
+  LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+// Launches a lane-family kernel with one block per (batch row, group, kChannels channels).
+template <typename Policy, typename Params>
+void launch_lanes(void (*kernel)(Params), const Params& params, int64_t shared_bytes, cudaStream_t stream) {
+  const int64_t blocks = ssm::lanes::blocks_of<Policy>(params);
+  if (blocks == 0) return;
+  if (blocks > std::numeric_limits<int>::max())
+    throw std::invalid_argument("linrec: selective_scan: batch * d = " + std::to_string(params.batch * params.d) +
+                                " needs more than the 2^31 - 1 blocks a launch can have");
+  allow_shared(kernel, shared_bytes, params.n);
+  // Shared memory before L1: the backward's blocks take about 70 KB each.
+  LINREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         cudaSharedmemCarveoutMaxShared));
+  kernel<<<static_cast<unsigned>(blocks), Policy::kThreads, shared_bytes, stream>>>(params);
+  LINREC_CUDA_CHECK(cudaGetLastError());
+}
+
+// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes.
+template <typename Body>
+void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
+  dispatch_types(params, [&]<typename T, typename W, typename S>() {
+    if constexpr (std::is_same_v<S, float>) {
+      ssm::lanes::dispatch_policy(params, multiprocessors(), [&]<typename Policy>() {
+        if (params.sequences.packed()) body.template operator()<T, W, Policy, true>();
+        else body.template operator()<T, W, Policy, false>();
+      });
+    }
+  });
 }
 
 }  // namespace
 
 void launch(const ssm::ForwardParams& params, cudaStream_t stream) {
+  if (ssm::lanes::takes(params)) {
+    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+      launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed>, params, 0, stream);
+    });
+    return;
+  }
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
-    ssm::dispatch_forward_policy(params.length, [&]<typename Policy>() {
+    {
+      using Policy = ssm::ForwardPolicy;
       // The state before the current chunk and the next, per state dim.
       const int64_t shared_bytes = 2 * params.n * int64_t(sizeof(S));
       if (params.sequences.packed())
         launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
       else
         launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
-    });
+    }
   });
 }
 
 void launch(const ssm::BackwardParams& params, cudaStream_t stream) {
+  if (ssm::lanes::takes(params)) {
+    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+      launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed>, params,
+                           sizeof(ssm::lanes::BackwardShared<Policy>), stream);
+    });
+    return;
+  }
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
-    ssm::dispatch_backward_policy(params.length, [&]<typename Policy>() {
+    {
+      using Policy = ssm::BackwardPolicy;
       // The adjoints carried between chunks, and per-warp sums of d_A, fixed d_B and fixed d_C.
       const int64_t shared_bytes = (2 + 3 * Policy::kWarps) * params.n * int64_t(sizeof(S));
       if (params.sequences.packed())
         launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
       else
         launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
-    });
+    }
   });
 }
 

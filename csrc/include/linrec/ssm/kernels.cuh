@@ -1,4 +1,5 @@
-// The fused selective scan on the GPU. One block per (batch row, channel) walks time in chunks of
+// The fused selective scan on the GPU for the calls the lane family (ssm/lane_kernels.cuh) does not
+// take: B or C fixed, n above 64, float64. One block per (batch row, channel) walks time in chunks of
 // kChunk steps (its kThreads threads hold kItems consecutive steps each) and, for every state dim j,
 // scans the chunk with the block-scan primitive (block_scan.h), the state before the chunk carried in
 // shared memory. u, delta, z and out move between memory and registers once per chunk; B and C once
@@ -26,6 +27,7 @@
 
 #include "linrec/block_scan.h"
 #include "linrec/memio.h"
+#include "linrec/ssm/device_step.cuh"
 #include "linrec/ssm/params.h"
 #include "linrec/ssm/step.h"
 
@@ -43,30 +45,9 @@ struct Policy {
   static_assert(kChunk % kTile == 0, "a block's tile divides a checkpoint chunk");
 };
 
-// The forward: 64 threads of 16 steps, which spreads the scan's work across threads and warps over
-// twice the steps of 8 a thread. The backward: 128 threads of 8 steps, registers for its dozen
-// per-step arrays. Both take 16-byte accesses of 16-bit operands. Each state dim's scan is a chain of
-// dependent steps (loads, exp2, shuffles, a barrier), so the kernels are bound by latency: the
-// minimum blocks per SM trade registers for resident warps (10 and 4 blocks measured faster than the
-// compiler's choice of 8 and 3, in docs/design.md).
-using ForwardPolicy = Policy<64, 16, 10>;
-using BackwardPolicy = Policy<128, 8, 4>;
-
-// Calls body.template operator()<Policy>() with the policy of a call of `length` steps: rows of one
-// short tile (a warp of 8 or 16 steps a thread, or two warps) up to 512 steps, so that a short sequence
-// does not take a chunk of 1024 steps mostly past its end; the chunk policies beyond.
-template <typename Body>
-void dispatch_forward_policy(int64_t length, Body&& body) {
-  if (length <= 256) body.template operator()<Policy<32, 8>>();
-  else if (length <= 512) body.template operator()<Policy<32, 16>>();
-  else body.template operator()<ForwardPolicy>();
-}
-template <typename Body>
-void dispatch_backward_policy(int64_t length, Body&& body) {
-  if (length <= 256) body.template operator()<Policy<32, 8>>();
-  else if (length <= 512) body.template operator()<Policy<64, 8>>();
-  else body.template operator()<BackwardPolicy>();
-}
+// A warp of 8 steps a thread: a tile is a checkpoint chunk (kChunk = 256 steps).
+using ForwardPolicy = Policy<32, 8>;
+using BackwardPolicy = Policy<32, 8>;
 
 // A time row's values of one chunk to and from registers: 16-byte accesses where every row is
 // aligned for them (ForwardParams::vectorized), element by element otherwise (memio.h).
@@ -158,13 +139,6 @@ struct FixedCarry {
   __device__ __forceinline__ S operator()(const Affine<S>&) const { return value; }
 };
 
-template <typename S>
-__device__ __forceinline__ S warp_sum(S value) {
-  #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
-
 // Adds values[i] to row[t0 + i] for the steps inside the row, across blocks.
 template <int Items, typename S>
 __device__ __forceinline__ void add_across_blocks(S* row, int64_t t0, int64_t length, const S (&values)[Items],
@@ -183,26 +157,6 @@ __device__ __forceinline__ void add_across_blocks(S* row, int64_t t0, int64_t le
   #pragma unroll
   for (int i = 0; i < Items; ++i)
     if (t0 + i < length) atomicAdd(row + t0 + i, values[i]);
-}
-
-// exp(dt * A) as exp2(dt * A log2(e)), A's factor taken once per state dim (A2 = A * log2(e)): one
-// multiply and the exp2 unit's instruction per step (float; double takes exp).
-template <typename S>
-__device__ __forceinline__ S scaled_log2(S A) {
-  if constexpr (std::is_same_v<S, float>) return A * 1.4426950408889634f;
-  else return A;
-}
-template <typename S>
-__device__ __forceinline__ S decay_from_log2(S dt, S A2) {
-  if constexpr (std::is_same_v<S, float>) {
-    // The exp2 unit's approximation (relative error below 2^-22), results under 2^-126 flushed to 0:
-    // exp2f's handling of subnormal results costs four more instructions a step.
-    float result;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(dt * A2));
-    return result;
-  } else {
-    return decay(dt, A2);
-  }
 }
 
 // One channel's rows of B or C: state dim j's at first + j * stride (a varying one's time row, or a fixed

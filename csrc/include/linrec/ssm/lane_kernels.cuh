@@ -1,0 +1,688 @@
+// The fused selective scan on the GPU for Mamba's operands (B and C varying along time, n <= 64):
+// each lane walks time step by step for kStates state dims of one channel, their states in
+// registers, so that a step of a state dim is a multiply-add and an exp2, with no scan across
+// threads. kLanes lanes of a warp share a channel (n <= kLanes * kStates); a block holds kChannels
+// channels of one batch row and one group of B and C.
+//
+// A block moves time in tiles of kSteps steps, double-buffered in shared memory and fetched into
+// registers one tile ahead:
+//   - the tile's B and C of the block's group, as float, [step][state dim], read by each lane as
+//     16-byte vectors of its state dims;
+//   - each channel's step sizes dt = softplus(delta + bias) and dt * u, computed once per channel:
+//     each of its lanes takes kShare of the tile's steps, and so do they for the output;
+//   - the lanes' partial sums over their state dims, added up per step across the channel's lanes.
+//
+// The forward saves the state before every chunk of kChunk steps (params.h) and the last state of
+// every sequence. The backward walks the chunks from last to first: it recomputes a chunk's states
+// from its checkpoint, keeping the state before every tile in shared memory, then, tile by tile
+// from last to first, recomputes the tile's states in registers and walks them backwards with the
+// adjoint. Varying B and C gradients are summed over the block's channels in shared memory and
+// added across blocks with 16-byte atomic adds; the per-channel sums (A, D, delta_bias) are per lane,
+// added up in a fixed order.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "linrec/memio.h"
+#include "linrec/ssm/device_step.cuh"
+#include "linrec/ssm/params.h"
+#include "linrec/ssm/step.h"
+
+namespace linrec::ssm::lanes {
+
+template <int Lanes, int States>
+struct Policy {
+  static constexpr int kLanes = Lanes;                  // lanes per channel
+  static constexpr int kStates = States;                // state dims per lane
+  static constexpr int kMaxStates = kLanes * kStates;   // the largest n
+  static constexpr int kSteps = 16;                     // steps per tile
+  static constexpr int kShare = kSteps / kLanes;        // a lane's steps of its channel's per-step work
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kChannels = kThreads / kLanes;   // per block
+  // A slot's [step][state dim] block of gradient terms, padded so that neighbouring slots' rows fall in
+  // other banks.
+  static constexpr int kTermStride = kSteps * kMaxStates + 16;
+  static constexpr int kTilesPerChunk = kChunk / kSteps;
+  // Blocks an SM is to hold at least, which caps the registers of a thread (__launch_bounds__).
+  static constexpr int kForwardMinBlocks = 5;
+  static constexpr int kBackwardMinBlocks = 1;
+  static_assert(32 % kLanes == 0 && kSteps % kLanes == 0 && kLanes % 4 == 0, "a channel's lanes share a warp");
+  static_assert(kChunk % kSteps == 0, "tiles divide a checkpoint chunk");
+};
+
+// The policy of a call: four state dims a lane (four lanes a channel up to n = 16, sixteen up to 64),
+// or, where that leaves too few blocks to fill the GPU (few long rows), one state dim a lane.
+template <typename Body>
+void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, Body&& body) {
+  const int64_t channels = p.batch * p.d;
+  if (p.n <= 16 && channels / Policy<4, 4>::kChannels < 2 * multiprocessors) body.template operator()<Policy<16, 1>>();
+  else if (p.n <= 16) body.template operator()<Policy<4, 4>>();
+  else body.template operator()<Policy<16, 4>>();
+}
+
+// Whether the family takes a call: B and C varying with the same groups, n <= 64, a float state.
+inline bool takes(const ForwardParams& p) {
+  return p.B.varying && p.C.varying && p.B.groups == p.C.groups && p.n <= Policy<16, 4>::kMaxStates &&
+         p.state_dtype == DType::Float32;
+}
+
+template <typename Policy>
+LINREC_HOST_DEVICE int64_t blocks_per_group(const ForwardParams& p) {
+  const int64_t per_group = p.d / p.B.groups;
+  return (per_group + Policy::kChannels - 1) / Policy::kChannels;
+}
+
+template <typename Policy>
+int64_t blocks_of(const ForwardParams& p) {
+  return p.batch * p.B.groups * blocks_per_group<Policy>(p);
+}
+
+// N floats from shared memory and back, in one access where N is 2 or 4 (16-byte aligned rows).
+template <int N>
+__device__ __forceinline__ void load_floats(const float* source, float (&values)[N]) {
+  if constexpr (N == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(source);
+    values[0] = v.x, values[1] = v.y, values[2] = v.z, values[3] = v.w;
+  } else {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) values[i] = source[i];
+  }
+}
+template <int N>
+__device__ __forceinline__ void store_floats(float* target, const float (&values)[N]) {
+  if constexpr (N == 4) {
+    *reinterpret_cast<float4*>(target) = make_float4(values[0], values[1], values[2], values[3]);
+  } else {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) target[i] = values[i];
+  }
+}
+
+// A thread's place: its block's batch row and group, its channel and its state dims.
+template <typename Policy>
+struct Place {
+  int64_t b, group, k, row;
+  int slot;    // the channel's slot in the block
+  int lane;    // the thread's lane among its channel's
+  bool active; // whether the slot holds a channel (the group's last block may hold fewer)
+
+  __device__ __forceinline__ explicit Place(const ForwardParams& p) {
+    const int64_t per_group = p.d / p.B.groups, blocks = blocks_per_group<Policy>(p);
+    const int64_t chunk = blockIdx.x % blocks, batch_group = blockIdx.x / blocks;
+    group = batch_group % p.B.groups;
+    b = batch_group / p.B.groups;
+    slot = threadIdx.x / Policy::kLanes;
+    lane = threadIdx.x % Policy::kLanes;
+    const int64_t local = chunk * Policy::kChannels + slot;
+    active = local < per_group;
+    k = group * per_group + (active ? local : per_group - 1);  // an idle slot reads its group's last channel
+    row = b * p.d + k;
+  }
+
+  __device__ __forceinline__ int state(int i) const { return lane * Policy::kStates + i; }
+  __device__ __forceinline__ int share_offset() const { return lane * Policy::kShare; }
+  __device__ __forceinline__ int64_t share_begin(int64_t t0) const { return t0 + share_offset(); }
+};
+
+// A tile of B and C for the block's group, fetched into registers by the block's threads (runs of
+// four steps of one state dim, kept as loaded until the commit so that the loads stay in flight),
+// then committed to shared memory as float [B or C][step][state dim].
+template <typename Policy, typename W>
+struct ProjectionTile {
+  static constexpr int kQuads = Policy::kSteps / 4;
+  static constexpr int kRuns = 2 * Policy::kMaxStates * kQuads;
+  static constexpr int kPerThread = (kRuns + Policy::kThreads - 1) / Policy::kThreads;
+  using Storage = float[2][Policy::kSteps][Policy::kMaxStates];
+
+  using Bits = typename RunBits<4 * sizeof(W)>::type;
+  Bits values[kPerThread];
+
+  __device__ __forceinline__ static bool run_of(int i, int& which, int& quad, int& j) {
+    const int run = threadIdx.x + i * Policy::kThreads;
+    j = run % Policy::kMaxStates;
+    quad = run / Policy::kMaxStates % kQuads;
+    which = run / (Policy::kMaxStates * kQuads);
+    return run < kRuns;
+  }
+
+  // C may be null: its runs are then zeros.
+  __device__ __forceinline__ void fetch(const W* B, const W* C, int64_t n, int64_t t0, int64_t length, bool aligned) {
+    #pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      int which, quad, j;
+      const bool present = run_of(i, which, quad, j) && j < n && (which == 0 || C);
+      values[i] = fetch_bits<4>((which ? C : B) + j * length, t0 + 4 * quad, present ? length : 0, aligned);
+    }
+  }
+
+  __device__ __forceinline__ void commit(Storage& tile) const {
+    #pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      int which, quad, j;
+      if (!run_of(i, which, quad, j)) continue;
+      float items[4];
+      unpack_run<4, W>(values[i], items);
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) tile[which][4 * quad + e][j] = items[e];
+    }
+  }
+};
+
+// A lane's steps of its channel's time rows (its kShare of a tile), fetched as stored, one tile ahead.
+template <typename T, int Share, int Rows>
+struct ShareRuns {
+  using Bits = typename RunBits<Share * sizeof(T)>::type;
+  Bits next[Rows];
+
+  // A null row's runs are zeros.
+  __device__ __forceinline__ void fetch(int row, const T* data, int64_t begin, int64_t length, bool aligned) {
+    next[row] = fetch_bits<Share>(data, begin, data ? length : 0, aligned);
+  }
+  __device__ __forceinline__ void unpack(int row, float (&items)[Share]) const { unpack_run<Share, T>(next[row], items); }
+};
+
+// One channel's operands and per-sequence states, as a lane sees them.
+template <typename Policy>
+struct ChannelView {
+  const ForwardParams& p;
+  const Place<Policy>& at;
+
+  __device__ __forceinline__ int64_t state_index(int64_t s, int j) const { return (s * p.d + at.k) * p.n + j; }
+  __device__ __forceinline__ float per_channel(const void* data) const {
+    return data ? static_cast<const float*>(data)[at.k] : 0.0f;
+  }
+  // The lane's state dims of sequence s from a (sequences, d, n) tensor (0 where absent or past n).
+  __device__ __forceinline__ void read_states(const void* states, int64_t s, float (&h)[Policy::kStates]) const {
+    #pragma unroll
+    for (int i = 0; i < Policy::kStates; ++i) {
+      const int j = at.state(i);
+      h[i] = states && j < p.n ? static_cast<const float*>(states)[state_index(s, j)] : 0.0f;
+    }
+  }
+  // Writes the lane's state dims of sequence s (an active channel's) into a (sequences, d, n) tensor.
+  __device__ __forceinline__ void write_states(void* states, int64_t s, const float (&h)[Policy::kStates]) const {
+    if (!at.active || !states) return;
+    #pragma unroll
+    for (int i = 0; i < Policy::kStates; ++i)
+      if (at.state(i) < p.n) static_cast<float*>(states)[state_index(s, at.state(i))] = h[i];
+  }
+  // The first step of the sequence after s (the next non-empty one's start), or none (INT64_MAX).
+  __device__ __forceinline__ int64_t next_start(int64_t s) const {
+    const Sequences& q = p.sequences;
+    if (s + 1 >= q.count) return INT64_MAX;
+    const int64_t start = q.boundary(s + 1);
+    return start < p.length ? start : INT64_MAX;
+  }
+};
+
+// The forward walk of a row's states through packed sequences: the sequence of the current step, and
+// the step at which the next one starts (where the state restarts from that sequence's initial state).
+template <bool Packed>
+struct ForwardWalk {
+  int64_t sequence = 0, restart = INT64_MAX;
+
+  // The walk from the state before step t0 (as saved: before any restart at t0).
+  template <typename Policy>
+  __device__ __forceinline__ ForwardWalk(const ChannelView<Policy>& ch, int64_t t0) {
+    if constexpr (Packed) {
+      if (t0 >= ch.p.length) return;
+      sequence = ch.p.sequences.sequence_at(t0);
+      restart = ch.p.sequences.boundary(sequence) == t0 ? t0 : ch.next_start(sequence);
+    } else {
+      sequence = ch.at.b;
+    }
+  }
+
+  // Before step t: restarts the state where a sequence starts, calling ended(s, h) with the state the
+  // sequence before it ended in.
+  template <typename Policy, typename Ended>
+  __device__ __forceinline__ void before_step(const ChannelView<Policy>& ch, int64_t t, float (&h)[Policy::kStates],
+                                              Ended&& ended) {
+    if constexpr (Packed) {
+      if (t == restart) {
+        ended(sequence, h);
+        sequence = ch.p.sequences.forward_to(sequence, t);
+        restart = ch.next_start(sequence);
+        ch.read_states(ch.p.initial, sequence, h);
+      }
+    }
+  }
+};
+
+// One step of the lane's state dims: h = exp(dt * A) h + dt u B; returns sum_j C_j h_j.
+template <int States>
+__device__ __forceinline__ float recur(float (&h)[States], const float (&A2)[States], float dt, float dtu,
+                                       const float* B, const float* C) {
+  float b[States], c[States], y = 0.0f;
+  load_floats<States>(B, b);
+  load_floats<States>(C, c);
+  #pragma unroll
+  for (int i = 0; i < States; ++i) {
+    h[i] = decay_from_log2(dt, A2[i]) * h[i] + dtu * b[i];
+    y += c[i] * h[i];
+  }
+  return y;
+}
+
+// The step sizes of a lane's share: dt = softplus(delta + bias) (or delta + bias), 0 past the length,
+// where the step is then the identity and adds nothing.
+template <int Share>
+__device__ __forceinline__ void share_step_sizes(const ForwardParams& p, const float (&delta)[Share],
+                                                 const float (&u)[Share], int64_t begin, float bias, float (&dt)[Share],
+                                                 float (&dtu)[Share]) {
+  #pragma unroll
+  for (int i = 0; i < Share; ++i) {
+    dt[i] = begin + i < p.length ? step_size(delta[i], bias, p.delta_softplus) : 0.0f;
+    dtu[i] = dt[i] * u[i];
+  }
+}
+
+// A tile's per-step values of the block's channels ([slot][step], rows padded so that the lanes of
+// a warp reading one step of their channels meet in distinct banks).
+template <typename Policy>
+using ChannelSteps = float[Policy::kChannels][Policy::kSteps + 4];
+
+// A tile's per-lane partial sums over the lane's state dims, [step][thread]: a warp writes a step in
+// one access; a channel's lanes are neighbouring threads.
+template <typename Policy>
+using LanePartials = float[Policy::kSteps][Policy::kThreads + 4];
+
+template <typename Policy>
+struct __align__(16) ForwardShared {
+  typename ProjectionTile<Policy, float>::Storage projections[2];
+  ChannelSteps<Policy> dt[2], dtu[2];
+  LanePartials<Policy> partial;
+};
+
+// Adds up a tile's per-lane partial sums of the thread's channel per step, for the lane's share of the
+// steps, in a fixed order.
+template <typename Policy>
+__device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, const Place<Policy>& at,
+                                          float (&sums)[Policy::kShare]) {
+  const int first = at.slot * Policy::kLanes;
+  #pragma unroll
+  for (int i = 0; i < Policy::kShare; ++i) {
+    sums[i] = 0.0f;
+    #pragma unroll
+    for (int quad = 0; quad < Policy::kLanes / 4; ++quad) {
+      float values[4];
+      load_floats<4>(&partials[at.share_offset() + i][first + 4 * quad], values);
+      sums[i] += (values[0] + values[1]) + (values[2] + values[3]);
+    }
+  }
+}
+
+template <typename T, typename W, typename Policy, bool Packed>
+__global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) forward_kernel(const ForwardParams p) {
+  constexpr int kStates = Policy::kStates, kSteps = Policy::kSteps, kShare = Policy::kShare;
+  enum { kDelta, kU, kZ, kRows };
+  __shared__ ForwardShared<Policy> shared;
+  const Place<Policy> at(p);
+  const ChannelView<Policy> ch{p, at};
+  const int64_t n = p.n, length = p.length, tiles = (length + kSteps - 1) / kSteps, chunks = chunks_of(length);
+  const int64_t projection_row = (at.b * p.B.groups + at.group) * n * length;
+  const W* B = static_cast<const W*>(p.B.data) + projection_row;
+  const W* C = static_cast<const W*>(p.C.data) + projection_row;
+  const auto row_of = [&](const void* data) { return data ? static_cast<const T*>(data) + at.row * length : nullptr; };
+  const T* rows[kRows] = {row_of(p.delta), row_of(p.u), row_of(p.z)};
+  T* out_row = static_cast<T*>(p.out) + at.row * length;
+  float* checkpoints = static_cast<float*>(p.checkpoints) + at.row * chunks * n;
+
+  float A2[kStates];
+  #pragma unroll
+  for (int i = 0; i < kStates; ++i)
+    A2[i] = at.state(i) < n ? scaled_log2(static_cast<const float*>(p.A)[at.k * n + at.state(i)]) : 0.0f;
+  const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
+
+  p.sequences.for_each_empty(at.b, [&](int64_t s) {
+    float h[kStates];
+    ch.read_states(p.initial, s, h);
+    ch.write_states(p.last_state, s, h);
+  });
+  ForwardWalk<Packed> walk(ch, 0);
+  float h[kStates];
+  ch.read_states(p.initial, walk.sequence, h);
+
+  ProjectionTile<Policy, W> projections;
+  ShareRuns<T, kShare, kRows> runs;
+  float now[kRows][kShare];  // the current tile's share of the rows
+  const auto fetch = [&](int64_t t0) {
+    projections.fetch(B, C, n, t0, length, p.vectorized);
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) runs.fetch(r, rows[r], at.share_begin(t0), length, p.vectorized);
+  };
+  const auto commit = [&](int64_t t0, int buffer) {
+    projections.commit(shared.projections[buffer]);
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r) runs.unpack(r, now[r]);
+    float dt[kShare], dtu[kShare];
+    share_step_sizes<kShare>(p, now[kDelta], now[kU], at.share_begin(t0), bias, dt, dtu);
+    store_floats<kShare>(&shared.dt[buffer][at.slot][at.share_offset()], dt);
+    store_floats<kShare>(&shared.dtu[buffer][at.slot][at.share_offset()], dtu);
+  };
+
+  if (tiles > 0) {
+    fetch(0);
+    commit(0, 0);
+  }
+  __syncthreads();
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int buffer = tile & 1;
+    const int64_t t0 = tile * kSteps;
+    if (tile + 1 < tiles) fetch(t0 + kSteps);
+    if (tile % Policy::kTilesPerChunk == 0 && at.active) {
+      #pragma unroll
+      for (int i = 0; i < kStates; ++i)
+        if (at.state(i) < n) checkpoints[tile / Policy::kTilesPerChunk * n + at.state(i)] = h[i];
+    }
+
+    // Unrolled by a quarter tile: a whole tile's loads hoisted ahead take registers that cost
+    // resident warps.
+    #pragma unroll 4
+    for (int t = 0; t < kSteps; ++t) {
+      walk.before_step(ch, t0 + t, h, [&](int64_t s, const float (&ended)[kStates]) { ch.write_states(p.last_state, s, ended); });
+      shared.partial[t][threadIdx.x] =
+          recur<kStates>(h, A2, shared.dt[buffer][at.slot][t], shared.dtu[buffer][at.slot][t],
+                         &shared.projections[buffer][0][t][at.state(0)], &shared.projections[buffer][1][t][at.state(0)]);
+    }
+
+    // The output: the lanes' partial sums added up per step, by the lane whose share the step is.
+    __syncwarp();
+    float y[kShare];
+    sum_share<Policy>(shared.partial, at, y);
+    #pragma unroll
+    for (int i = 0; i < kShare; ++i) {
+      y[i] += D * now[kU][i];
+      if (p.z) y[i] *= silu(now[kZ][i]);
+    }
+    if (at.active) store_run<kShare>(out_row, at.share_begin(t0), length, p.vectorized, y);
+    if (tile + 1 < tiles) commit(t0 + kSteps, buffer ^ 1);
+    __syncthreads();
+  }
+  if (length > 0) ch.write_states(p.last_state, walk.sequence, h);
+}
+
+template <typename Policy>
+struct __align__(16) BackwardShared {
+  typename ProjectionTile<Policy, float>::Storage projections[2];
+  ChannelSteps<Policy> dt[2], dtu[2];
+  ChannelSteps<Policy> dy[2];  // d out * silu(z): the gradient of the ungated output
+  LanePartials<Policy> partial[2];
+  float terms[Policy::kChannels][Policy::kTermStride];  // a varying B or C gradient's terms, [step][state dim]
+};
+
+// Adds the block's terms of a varying projection's gradient over its channels, in a fixed order, and
+// the sums across blocks with a 16-byte atomic add (sm_90): per state dim and four steps, kSplit
+// neighbouring threads each add every kSplit-th slot, then their sums. Idle slots' terms are zeros.
+template <typename Policy>
+__device__ __forceinline__ void add_terms(const BackwardShared<Policy>& shared, float* gradient, int64_t n, int64_t t0,
+                                          int64_t length, bool aligned) {
+  constexpr int kOutputs = Policy::kMaxStates * Policy::kSteps / 4;
+  constexpr int kSplit = Policy::kThreads > kOutputs ? Policy::kThreads / kOutputs : 1;
+  static_assert(kSplit == 1 || kSplit == 2, "two threads at most share an output");
+  #pragma unroll
+  for (int first = 0; first < kOutputs * kSplit; first += Policy::kThreads) {
+    const int o = (first + threadIdx.x) / kSplit, part = threadIdx.x % kSplit;
+    const int j = o % Policy::kMaxStates, quad = o / Policy::kMaxStates;
+    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    #pragma unroll
+    for (int slot = part; slot < Policy::kChannels; slot += kSplit) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) sums[e] += shared.terms[slot][(4 * quad + e) * Policy::kMaxStates + j];
+    }
+    if constexpr (kSplit == 2) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) sums[e] += __shfl_xor_sync(0xffffffffu, sums[e], 1);
+    }
+    if (part != 0 || j >= n) continue;
+    float* target = gradient + j * length;
+    const int64_t t = t0 + 4 * quad;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (aligned && t + 4 <= length) {
+      atomicAdd(reinterpret_cast<float4*>(target + t), make_float4(sums[0], sums[1], sums[2], sums[3]));
+      continue;
+    }
+#endif
+    #pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (t + e < length) atomicAdd(target + t + e, sums[e]);
+  }
+}
+
+template <typename T, typename W, typename Policy, bool Packed>
+__global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) backward_kernel(const BackwardParams p) {
+  constexpr int kStates = Policy::kStates, kSteps = Policy::kSteps, kShare = Policy::kShare,
+                kTilesPerChunk = Policy::kTilesPerChunk;
+  enum { kDelta, kU, kZ, kOut, kRows };
+  extern __shared__ __align__(16) unsigned char dynamic_storage[];
+  auto& shared = *reinterpret_cast<BackwardShared<Policy>*>(dynamic_storage);
+  const Place<Policy> at(p);
+  const ChannelView<Policy> ch{p, at};
+  const int64_t n = p.n, length = p.length, tiles = (length + kSteps - 1) / kSteps, chunks = chunks_of(length);
+  const int64_t projection_row = (at.b * p.B.groups + at.group) * n * length;
+  const W* B = static_cast<const W*>(p.B.data) + projection_row;
+  const W* C = static_cast<const W*>(p.C.data) + projection_row;
+  float* d_B = static_cast<float*>(p.d_B) + projection_row;
+  float* d_C = static_cast<float*>(p.d_C) + projection_row;
+  const auto row_of = [&](const void* data) { return data ? static_cast<const T*>(data) + at.row * length : nullptr; };
+  const T* rows[kRows] = {row_of(p.delta), row_of(p.u), row_of(p.z), row_of(p.d_out)};
+  T* d_u_row = static_cast<T*>(p.d_u) + at.row * length;
+  T* d_delta_row = static_cast<T*>(p.d_delta) + at.row * length;
+  T* d_z_row = p.z ? static_cast<T*>(p.d_z) + at.row * length : nullptr;
+  const float* checkpoints = static_cast<const float*>(p.saved_checkpoints) + at.row * chunks * n;
+
+  float A[kStates], A2[kStates];
+  #pragma unroll
+  for (int i = 0; i < kStates; ++i) {
+    A[i] = at.state(i) < n ? static_cast<const float*>(p.A)[at.k * n + at.state(i)] : 0.0f;
+    A2[i] = scaled_log2(A[i]);
+  }
+  const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
+  p.sequences.for_each_empty(at.b, [&](int64_t s) {
+    float g[kStates];
+    ch.read_states(p.d_last_state, s, g);
+    ch.write_states(p.d_initial, s, g);
+  });
+
+  // The reverse walk: the sequence of the current step and its first step; the adjoint carried back
+  // from the step after (exp(dt A) g there), which starts from a sequence's last-state gradient.
+  int64_t sequence = at.b, first_step = 0;
+  if constexpr (Packed) {
+    if (length > 0) {
+      sequence = p.sequences.sequence_at(length - 1);
+      first_step = p.sequences.boundary(sequence);
+    }
+  }
+  float carried[kStates], d_A[kStates];
+  ch.read_states(p.d_last_state, sequence, carried);
+  #pragma unroll
+  for (int i = 0; i < kStates; ++i) d_A[i] = 0.0f;
+  float sum_D = 0.0f, sum_delta_bias = 0.0f;  // over the lane's share of the steps
+  float before[kTilesPerChunk][kStates];      // the state before each tile of the chunk (as saved: before restarts)
+  float h[kStates];                           // the chunk's recomputed state
+  ForwardWalk<Packed> walk(ch, 0);
+
+  // The schedule: chunks from last to first; in each, its tiles first to last (recomputing the states
+  // before them), then last to first (the adjoint). Stage i of a chunk of m tiles: tile i for i < m,
+  // tile 2m - 1 - i after.
+  const auto tiles_of = [&](int64_t c) { return min(static_cast<int64_t>(kTilesPerChunk), tiles - c * kTilesPerChunk); };
+  const auto tile_of = [&](int64_t c, int stage) {
+    const int m = static_cast<int>(tiles_of(c));
+    return c * kTilesPerChunk + (stage < m ? stage : 2 * m - 1 - stage);
+  };
+
+  ProjectionTile<Policy, W> projections;
+  ShareRuns<T, kShare, kRows> runs;
+  float now[kRows][kShare];
+  // A recomputing stage (the first half of a chunk's) takes B, delta and u only.
+  const auto fetch = [&](int64_t t0, bool adjoint) {
+    projections.fetch(B, adjoint ? C : nullptr, n, t0, length, p.vectorized);
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      runs.fetch(r, adjoint || r == kDelta || r == kU ? rows[r] : nullptr, at.share_begin(t0), length, p.vectorized);
+  };
+  const auto commit = [&](int64_t t0, bool adjoint, int buffer) {
+    projections.commit(shared.projections[buffer]);
+    #pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (adjoint || r == kDelta || r == kU) runs.unpack(r, now[r]);
+    float dt[kShare], dtu[kShare], dy[kShare];
+    share_step_sizes<kShare>(p, now[kDelta], now[kU], at.share_begin(t0), bias, dt, dtu);
+    store_floats<kShare>(&shared.dt[buffer][at.slot][at.share_offset()], dt);
+    store_floats<kShare>(&shared.dtu[buffer][at.slot][at.share_offset()], dtu);
+    if (!adjoint) return;
+    #pragma unroll
+    for (int i = 0; i < kShare; ++i) dy[i] = p.z ? now[kOut][i] * silu(now[kZ][i]) : now[kOut][i];
+    store_floats<kShare>(&shared.dy[buffer][at.slot][at.share_offset()], dy);
+  };
+
+  int64_t chunk = chunks - 1;
+  int stage = 0, buffer = 0;
+  if (tiles > 0) {
+    fetch(tile_of(chunk, 0) * kSteps, false);
+    commit(tile_of(chunk, 0) * kSteps, false, 0);
+  }
+  __syncthreads();
+  while (chunk >= 0 && tiles > 0) {
+    const int m = static_cast<int>(tiles_of(chunk));
+    const int64_t t0 = tile_of(chunk, stage) * kSteps;
+    const int local = static_cast<int>(tile_of(chunk, stage) - chunk * kTilesPerChunk);
+    const int64_t next_chunk = stage + 1 < 2 * m ? chunk : chunk - 1;
+    const int next_stage = stage + 1 < 2 * m ? stage + 1 : 0;
+    const bool next_adjoint = next_chunk >= 0 && next_stage >= tiles_of(next_chunk);
+    if (next_chunk >= 0) fetch(tile_of(next_chunk, next_stage) * kSteps, next_adjoint);
+    const float* dts = shared.dt[buffer][at.slot];
+    const float* dtus = shared.dtu[buffer][at.slot];
+    const float* dys = shared.dy[buffer][at.slot];
+    const auto& Bs = shared.projections[buffer][0];
+    const auto& Cs = shared.projections[buffer][1];
+    const auto ignore = [](int64_t, const float (&)[kStates]) {};
+
+    if (stage < m) {
+      // The states before each tile, from the chunk's checkpoint.
+      if (stage == 0) {
+        #pragma unroll
+        for (int i = 0; i < kStates; ++i) h[i] = at.state(i) < n ? checkpoints[chunk * n + at.state(i)] : 0.0f;
+        walk = ForwardWalk<Packed>(ch, t0);
+      }
+      #pragma unroll
+      for (int i = 0; i < kStates; ++i) before[local][i] = h[i];
+      #pragma unroll
+      for (int t = 0; t < kSteps; ++t) {
+        walk.before_step(ch, t0 + t, h, ignore);
+        recur<kStates>(h, A2, dts[t], dtus[t], &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
+      }
+    } else {
+      // The tile's states again, in registers, with the ungated output's per-lane terms and C's gradient.
+      float states[kSteps][kStates], start[kStates], x[kStates];
+      #pragma unroll
+      for (int i = 0; i < kStates; ++i) start[i] = x[i] = before[local][i];
+      ForwardWalk<Packed> tile_walk(ch, t0);
+      #pragma unroll
+      for (int t = 0; t < kSteps; ++t) {
+        tile_walk.before_step(ch, t0 + t, x, ignore);
+        shared.partial[0][t][threadIdx.x] = recur<kStates>(x, A2, dts[t], dtus[t], &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
+        float terms[kStates];
+        #pragma unroll
+        for (int i = 0; i < kStates; ++i) {
+          states[t][i] = x[i];
+          terms[i] = at.active ? dys[t] * x[i] : 0.0f;
+        }
+        store_floats<kStates>(&shared.terms[at.slot][t * Policy::kMaxStates + at.state(0)], terms);
+      }
+      __syncthreads();
+      add_terms<Policy>(shared, d_C, n, t0, length, p.vectorized);
+      float y[kShare];
+      sum_share<Policy>(shared.partial[0], at, y);
+      __syncthreads();
+
+      // The adjoint, from the tile's last step to its first.
+      // Per step, over the lane's state dims: sum_j g_j B_j, and sum_j g_j exp(dt A_j) x_j A_j.
+      #pragma unroll
+      for (int t = kSteps - 1; t >= 0; --t) {
+        const int64_t step = t0 + t;
+        if constexpr (Packed) {
+          if (step < first_step) {
+            sequence = p.sequences.backward_to(sequence, step);
+            first_step = p.sequences.boundary(sequence);
+            ch.read_states(p.d_last_state, sequence, carried);
+          }
+        }
+        float prior[kStates], b[kStates], c[kStates], terms[kStates];
+        if (step == first_step) ch.read_states(p.initial, sequence, prior);
+        else {
+          #pragma unroll
+          for (int i = 0; i < kStates; ++i) prior[i] = t == 0 ? start[i] : states[t > 0 ? t - 1 : 0][i];
+        }
+        load_floats<kStates>(&Bs[t][at.state(0)], b);
+        load_floats<kStates>(&Cs[t][at.state(0)], c);
+        const float dt = dts[t], dtu = dtus[t], dy = dys[t];
+        float q_step = 0.0f, r_step = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < kStates; ++i) {
+          const float a = decay_from_log2(dt, A2[i]);
+          const float g = dy * c[i] + carried[i];   // the adjoint of the state after the step
+          const float g_decayed = g * a * prior[i];  // d / d(dt A) of the step
+          d_A[i] += g_decayed * dt;
+          r_step += g_decayed * A[i];
+          q_step += g * b[i];
+          terms[i] = at.active ? g * dtu : 0.0f;
+          carried[i] = a * g;
+        }
+        shared.partial[0][t][threadIdx.x] = q_step;
+        shared.partial[1][t][threadIdx.x] = r_step;
+        store_floats<kStates>(&shared.terms[at.slot][t * Policy::kMaxStates + at.state(0)], terms);
+        if (step == first_step) ch.write_states(p.d_initial, sequence, carried);
+      }
+      __syncthreads();
+      add_terms<Policy>(shared, d_B, n, t0, length, p.vectorized);
+      float q_sum[kShare], r_sum[kShare], d_u[kShare], d_delta[kShare], d_z[kShare];
+      sum_share<Policy>(shared.partial[0], at, q_sum);
+      sum_share<Policy>(shared.partial[1], at, r_sum);
+      #pragma unroll
+      for (int i = 0; i < kShare; ++i) {
+        const int offset = at.share_offset() + i;
+        const float u = now[kU][i], dt = dts[offset], dy = dys[offset];
+        d_u[i] = q_sum[i] * dt + D * dy;
+        const float d_dt = q_sum[i] * u + r_sum[i];
+        d_delta[i] = p.delta_softplus ? d_dt * softplus_slope(now[kDelta][i] + bias) : d_dt;
+        d_z[i] = now[kOut][i] * (y[i] + D * u) * silu_slope(now[kZ][i]);
+        if (t0 + offset < length) {
+          sum_D += dy * u;
+          sum_delta_bias += d_delta[i];
+        }
+      }
+      if (at.active) {
+        store_run<kShare>(d_u_row, at.share_begin(t0), length, p.vectorized, d_u);
+        store_run<kShare>(d_delta_row, at.share_begin(t0), length, p.vectorized, d_delta);
+        if (d_z_row) store_run<kShare>(d_z_row, at.share_begin(t0), length, p.vectorized, d_z);
+      }
+    }
+    if (next_chunk >= 0) commit(tile_of(next_chunk, next_stage) * kSteps, next_adjoint, buffer ^ 1);
+    __syncthreads();
+    buffer ^= 1;
+    chunk = next_chunk;
+    stage = next_stage;
+  }
+
+  // The per-row partial sums: d_A per lane, d_D and d_delta_bias over the channel's lanes.
+  #pragma unroll
+  for (int offset = Policy::kLanes / 2; offset > 0; offset /= 2) {
+    sum_D += __shfl_xor_sync(0xffffffffu, sum_D, offset);
+    sum_delta_bias += __shfl_xor_sync(0xffffffffu, sum_delta_bias, offset);
+  }
+  if (!at.active) return;
+  #pragma unroll
+  for (int i = 0; i < kStates; ++i)
+    if (at.state(i) < n) static_cast<float*>(p.d_A)[at.row * n + at.state(i)] = d_A[i];
+  if (at.lane == 0) {
+    if (p.d_D) static_cast<float*>(p.d_D)[at.row] = sum_D;
+    if (p.d_delta_bias) static_cast<float*>(p.d_delta_bias)[at.row] = sum_delta_bias;
+  }
+}
+
+}  // namespace linrec::ssm::lanes
