@@ -33,9 +33,11 @@ Plan make_plan(const BackwardParams& params);
 void launch(const Plan& plan, const ForwardParams& params, cudaStream_t stream);
 void launch(const Plan& plan, const BackwardParams& params, cudaStream_t stream);
 
-// The fused selective scan (ssm/kernels.cuh): one launch each, no workspace.
-void launch(const ssm::ForwardParams& params, cudaStream_t stream);
-void launch(const ssm::BackwardParams& params, cudaStream_t stream);
+// The fused selective scan (ssm/lane_kernels.cuh, ssm/kernels.cuh), planned and launched the same way.
+ssm::Plan make_plan(const ssm::ForwardParams& params);
+ssm::Plan make_plan(const ssm::BackwardParams& params);
+void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream);
+void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream_t stream);
 
 // Throws a clear error when `device` cannot run this build's kernels (its arch is not compiled in,
 // or the driver is too old for the CUDA runtime linked into linrec).

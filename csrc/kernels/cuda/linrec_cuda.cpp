@@ -25,13 +25,13 @@ void on_stream_of(const Tensor& like, Body&& body) {
   body(static_cast<cudaStream_t>(stream));
 }
 
-// Plans the call once and launches it. A plan that chains blocks gets its workspace from PyTorch's
+// Plans the call once and launches it. A plan that asks for a workspace gets it from PyTorch's
 // caching allocator, zeroed on the same stream; it is released when this returns, which the
 // allocator orders after the kernel on that stream.
 template <typename Params>
 void launch_on_device_of(const Params& params, const Tensor& like) {
   on_stream_of(like, [&](cudaStream_t stream) {
-    const Plan plan = cuda::make_plan(params);
+    const auto plan = cuda::make_plan(params);
     Params launched = params;
     std::optional<Tensor> workspace;
     if (plan.workspace_bytes > 0) {
@@ -42,12 +42,6 @@ void launch_on_device_of(const Params& params, const Tensor& like) {
   });
 }
 
-// The fused selective scan: one kernel per op, no plan or workspace.
-template <typename Params>
-void launch_selective_scan(const Params& params, const Tensor& like) {
-  on_stream_of(like, [&](cudaStream_t stream) { cuda::launch(params, stream); });
-}
-
 }  // namespace
 }  // namespace linrec
 
@@ -55,6 +49,6 @@ STABLE_TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
   using namespace linrec;
   m.impl("forward", TORCH_BOX(&forward_op<launch_on_device_of<ForwardParams>>));
   m.impl("backward", TORCH_BOX((&backward_op<launch_on_device_of<BackwardParams>, CoeffGradientSum::InKernel>)));
-  m.impl("selective_scan_forward", TORCH_BOX(&ssm::forward_op<launch_selective_scan<ssm::ForwardParams>>));
-  m.impl("selective_scan_backward", TORCH_BOX(&ssm::backward_op<launch_selective_scan<ssm::BackwardParams>>));
+  m.impl("selective_scan_forward", TORCH_BOX(&ssm::forward_op<launch_on_device_of<ssm::ForwardParams>>));
+  m.impl("selective_scan_backward", TORCH_BOX(&ssm::backward_op<launch_on_device_of<ssm::BackwardParams>>));
 }

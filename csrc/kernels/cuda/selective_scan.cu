@@ -2,6 +2,7 @@
 // (ssm/lane_kernels.cuh) for Mamba's operands and the block family (ssm/kernels.cuh) for the rest,
 // instantiated for every element type of u (T), of varying B and C (W: T, or the state type S beside
 // 16-bit T).
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -67,11 +68,13 @@ int multiprocessors() {
   return count;
 }
 
-// Launches a lane-family kernel with one block per (batch row, group, kChannels channels).
+// Launches a lane-family kernel with one block per (batch row, group, kChannels channels) and time
+// segment (grid y).
 template <typename Policy, typename Params>
-void launch_lanes(void (*kernel)(Params), const Params& params, int64_t shared_bytes, cudaStream_t stream) {
+void launch_lanes(void (*kernel)(Params), const Params& params, int64_t segments, int64_t shared_bytes,
+                  cudaStream_t stream) {
   const int64_t blocks = ssm::lanes::blocks_of<Policy>(params);
-  if (blocks == 0) return;
+  if (blocks == 0 || segments == 0) return;
   if (blocks > std::numeric_limits<int>::max())
     throw std::invalid_argument("linrec: selective_scan: batch * d = " + std::to_string(params.batch * params.d) +
                                 " needs more than the 2^31 - 1 blocks a launch can have");
@@ -79,16 +82,18 @@ void launch_lanes(void (*kernel)(Params), const Params& params, int64_t shared_b
   // Shared memory before L1: the backward's blocks take about 70 KB each.
   LINREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                          cudaSharedmemCarveoutMaxShared));
-  kernel<<<static_cast<unsigned>(blocks), Policy::kThreads, shared_bytes, stream>>>(params);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(segments));
+  kernel<<<grid, Policy::kThreads, shared_bytes, stream>>>(params);
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
-// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes.
+// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes; `splits`:
+// whether the call's rows may be split along time (the forward).
 template <typename Body>
-void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
+void dispatch_lanes(const ssm::ForwardParams& params, bool splits, Body&& body) {
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
     if constexpr (std::is_same_v<S, float>) {
-      ssm::lanes::dispatch_policy(params, multiprocessors(), [&]<typename Policy>() {
+      ssm::lanes::dispatch_policy(params, multiprocessors(), splits, [&]<typename Policy>() {
         if (params.sequences.packed()) body.template operator()<T, W, Policy, true>();
         else body.template operator()<T, W, Policy, false>();
       });
@@ -96,46 +101,72 @@ void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
   });
 }
 
+// Rows of too few channels to fill the GPU are split along time into segments of whole chunks, as
+// many as the SMs hold blocks of the forward's (five each) beyond the call's own. Each split costs a
+// first pass over the segments (ssm/lane_kernels.cuh), so a call that fills the GPU stays whole.
+ssm::Plan plan_segments(const ssm::ForwardParams& params) {
+  ssm::Plan plan;
+  if (!ssm::lanes::takes(params) || params.length == 0) return plan;
+  const int64_t sms = multiprocessors();
+  int64_t blocks = 1;
+  ssm::lanes::dispatch_policy(params, sms, true, [&]<typename Policy>() { blocks = ssm::lanes::blocks_of<Policy>(params); });
+  const int64_t chunks = ssm::chunks_of(params.length), wanted = 5 * sms / std::max<int64_t>(blocks, 1);
+  const int64_t segments = std::min(chunks, std::max<int64_t>(wanted, 1));
+  plan.segment_chunks = (chunks + segments - 1) / segments;
+  plan.segments = (chunks + plan.segment_chunks - 1) / plan.segment_chunks;
+  return plan;
+}
+
 }  // namespace
 
-void launch(const ssm::ForwardParams& params, cudaStream_t stream) {
+ssm::Plan make_plan(const ssm::ForwardParams& params) {
+  ssm::Plan plan = plan_segments(params);
+  // The segments' end states and decay products, [2][segments - 1][batch * d][n].
+  plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
+  return plan;
+}
+
+ssm::Plan make_plan(const ssm::BackwardParams&) { return ssm::Plan{}; }
+
+void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
-    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
-      launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed>, params, 0, stream);
+    ssm::ForwardParams split = params;
+    split.segments = plan.segments;
+    split.segment_chunks = plan.segment_chunks;
+    dispatch_lanes(params, true, [&]<typename T, typename W, typename Policy, bool Packed>() {
+      if (plan.segments > 1)
+        launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, 0, stream);
+      launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, false>, split, plan.segments, 0, stream);
     });
     return;
   }
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
-    {
-      using Policy = ssm::ForwardPolicy;
-      // The state before the current chunk and the next, per state dim.
-      const int64_t shared_bytes = 2 * params.n * int64_t(sizeof(S));
-      if (params.sequences.packed())
-        launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
-      else
-        launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
-    }
+    using Policy = ssm::ForwardPolicy;
+    // The state before the current chunk and the next, per state dim.
+    const int64_t shared_bytes = 2 * params.n * int64_t(sizeof(S));
+    if (params.sequences.packed())
+      launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
+    else
+      launch_rows<Policy>(ssm::forward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
   });
 }
 
-void launch(const ssm::BackwardParams& params, cudaStream_t stream) {
+void launch(const ssm::Plan&, const ssm::BackwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
-    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
-      launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed>, params,
+    dispatch_lanes(params, false, [&]<typename T, typename W, typename Policy, bool Packed>() {
+      launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed>, params, 1,
                            sizeof(ssm::lanes::BackwardShared<Policy>), stream);
     });
     return;
   }
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
-    {
-      using Policy = ssm::BackwardPolicy;
-      // The adjoints carried between chunks, and per-warp sums of d_A, fixed d_B and fixed d_C.
-      const int64_t shared_bytes = (2 + 3 * Policy::kWarps) * params.n * int64_t(sizeof(S));
-      if (params.sequences.packed())
-        launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
-      else
-        launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
-    }
+    using Policy = ssm::BackwardPolicy;
+    // The adjoints carried between chunks, and per-warp sums of d_A, fixed d_B and fixed d_C.
+    const int64_t shared_bytes = (2 + 3 * Policy::kWarps) * params.n * int64_t(sizeof(S));
+    if (params.sequences.packed())
+      launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
+    else
+      launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
   });
 }
 

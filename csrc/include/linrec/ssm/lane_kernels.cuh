@@ -54,22 +54,6 @@ struct Policy {
   static_assert(kChunk % kSteps == 0, "tiles divide a checkpoint chunk");
 };
 
-// The policy of a call: four state dims a lane (four lanes a channel up to n = 16, sixteen up to 64),
-// or, where that leaves too few blocks to fill the GPU (few long rows), one state dim a lane.
-template <typename Body>
-void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, Body&& body) {
-  const int64_t channels = p.batch * p.d;
-  if (p.n <= 16 && channels / Policy<4, 4>::kChannels < 2 * multiprocessors) body.template operator()<Policy<16, 1>>();
-  else if (p.n <= 16) body.template operator()<Policy<4, 4>>();
-  else body.template operator()<Policy<16, 4>>();
-}
-
-// Whether the family takes a call: B and C varying with the same groups, n <= 64, a float state.
-inline bool takes(const ForwardParams& p) {
-  return p.B.varying && p.C.varying && p.B.groups == p.C.groups && p.n <= Policy<16, 4>::kMaxStates &&
-         p.state_dtype == DType::Float32;
-}
-
 template <typename Policy>
 LINREC_HOST_DEVICE int64_t blocks_per_group(const ForwardParams& p) {
   const int64_t per_group = p.d / p.B.groups;
@@ -79,6 +63,23 @@ LINREC_HOST_DEVICE int64_t blocks_per_group(const ForwardParams& p) {
 template <typename Policy>
 int64_t blocks_of(const ForwardParams& p) {
   return p.batch * p.B.groups * blocks_per_group<Policy>(p);
+}
+
+// The policy of a call: four state dims a lane (four lanes a channel up to n = 16, sixteen up to 64);
+// one state dim a lane where the call has too few channels to fill the GPU: even with its rows split
+// along time (short rows; `splits`, the forward), or at all (the backward, which does not split).
+template <typename Body>
+void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, bool splits, Body&& body) {
+  const int64_t parts = splits ? chunks_of(p.length) : 1;
+  if (p.n > 16) body.template operator()<Policy<16, 4>>();
+  else if (blocks_of<Policy<4, 4>>(p) * parts < 2 * multiprocessors) body.template operator()<Policy<16, 1>>();
+  else body.template operator()<Policy<4, 4>>();
+}
+
+// Whether the family takes a call: B and C varying with the same groups, n <= 64, a float state.
+inline bool takes(const ForwardParams& p) {
+  return p.B.varying && p.C.varying && p.B.groups == p.C.groups && p.n <= Policy<16, 4>::kMaxStates &&
+         p.state_dtype == DType::Float32;
 }
 
 // N floats from shared memory and back, in one access where N is 2 or 4 (16-byte aligned rows).
@@ -225,13 +226,19 @@ template <bool Packed>
 struct ForwardWalk {
   int64_t sequence = 0, restart = INT64_MAX;
 
-  // The walk from the state before step t0 (as saved: before any restart at t0).
+  // The walk from the state before step t0 (as saved: before any restart at t0). Where a sequence
+  // starts at t0, the walk begins in the one before, which the restart ends.
   template <typename Policy>
   __device__ __forceinline__ ForwardWalk(const ChannelView<Policy>& ch, int64_t t0) {
     if constexpr (Packed) {
       if (t0 >= ch.p.length) return;
       sequence = ch.p.sequences.sequence_at(t0);
-      restart = ch.p.sequences.boundary(sequence) == t0 ? t0 : ch.next_start(sequence);
+      if (ch.p.sequences.boundary(sequence) == t0) {
+        restart = t0;
+        if (t0 > 0) sequence = ch.p.sequences.sequence_at(t0 - 1);
+      } else {
+        restart = ch.next_start(sequence);
+      }
     } else {
       sequence = ch.at.b;
     }
@@ -316,21 +323,44 @@ __device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, 
   }
 }
 
-template <typename T, typename W, typename Policy, bool Packed>
+// A segment of a row's time (blockIdx.y of segments): rows of few channels are split along time so
+// that the GPU has blocks enough. Segments are whole chunks.
+struct Segment {
+  int64_t index, begin, end;  // steps [begin, end)
+
+  __device__ __forceinline__ explicit Segment(const ForwardParams& p) : index(blockIdx.y) {
+    const int64_t steps = p.segments > 1 ? p.segment_chunks * kChunk : p.length;
+    begin = index * steps;
+    end = begin + steps < p.length ? begin + steps : p.length;
+  }
+};
+
+// The forward, over one segment of each of the block's rows. Ends: the first pass of a split row,
+// which scans each segment but the last from a zero state (or the row's initial one) and saves, per
+// state dim, the state it ends in and the product of its decays (0 across a sequence start) in the
+// workspace ([2][segment][row][n]); the second pass (!Ends) starts each segment from the state these
+// give, and writes the outputs.
+template <typename T, typename W, typename Policy, bool Packed, bool Ends>
 __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) forward_kernel(const ForwardParams p) {
   constexpr int kStates = Policy::kStates, kSteps = Policy::kSteps, kShare = Policy::kShare;
   enum { kDelta, kU, kZ, kRows };
   __shared__ ForwardShared<Policy> shared;
   const Place<Policy> at(p);
   const ChannelView<Policy> ch{p, at};
-  const int64_t n = p.n, length = p.length, tiles = (length + kSteps - 1) / kSteps, chunks = chunks_of(length);
+  const Segment segment(p);
+  const int64_t n = p.n, length = p.length, chunks = chunks_of(length);
+  const int64_t first_tile = segment.begin / kSteps, tiles = (segment.end - segment.begin + kSteps - 1) / kSteps;
   const int64_t projection_row = (at.b * p.B.groups + at.group) * n * length;
   const W* B = static_cast<const W*>(p.B.data) + projection_row;
-  const W* C = static_cast<const W*>(p.C.data) + projection_row;
+  const W* C = Ends ? nullptr : static_cast<const W*>(p.C.data) + projection_row;
   const auto row_of = [&](const void* data) { return data ? static_cast<const T*>(data) + at.row * length : nullptr; };
-  const T* rows[kRows] = {row_of(p.delta), row_of(p.u), row_of(p.z)};
+  const T* rows[kRows] = {row_of(p.delta), row_of(p.u), Ends ? nullptr : row_of(p.z)};
   T* out_row = static_cast<T*>(p.out) + at.row * length;
   float* checkpoints = static_cast<float*>(p.checkpoints) + at.row * chunks * n;
+  // The workspace's [2][segment][row][n]: the segments' end states, then their decay products.
+  float* ends = static_cast<float*>(p.workspace);
+  float* decays = ends + (p.segments - 1) * p.batch * p.d * n;
+  const auto segment_state = [&](int64_t s) { return (s * p.batch * p.d + at.row) * n; };
 
   float A2[kStates];
   #pragma unroll
@@ -338,14 +368,30 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     A2[i] = at.state(i) < n ? scaled_log2(static_cast<const float*>(p.A)[at.k * n + at.state(i)]) : 0.0f;
   const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
 
-  p.sequences.for_each_empty(at.b, [&](int64_t s) {
-    float h[kStates];
-    ch.read_states(p.initial, s, h);
-    ch.write_states(p.last_state, s, h);
-  });
-  ForwardWalk<Packed> walk(ch, 0);
-  float h[kStates];
-  ch.read_states(p.initial, walk.sequence, h);
+  if (!Ends && segment.index == 0)
+    p.sequences.for_each_empty(at.b, [&](int64_t s) {
+      float h[kStates];
+      ch.read_states(p.initial, s, h);
+      ch.write_states(p.last_state, s, h);
+    });
+  ForwardWalk<Packed> walk(ch, segment.begin);
+  float h[kStates], decay[kStates];  // decay: the segment's product of decays so far (Ends)
+  if (segment.index == 0) {
+    ch.read_states(p.initial, walk.sequence, h);
+  } else {
+    // The state before the segment: the earlier segments' ends, each carried through the decays after it.
+    #pragma unroll
+    for (int i = 0; i < kStates; ++i) h[i] = 0.0f;
+    if (!Ends) {
+      for (int64_t s = 0; s < segment.index; ++s) {
+        #pragma unroll
+        for (int i = 0; i < kStates; ++i)
+          if (at.state(i) < n) h[i] = decays[segment_state(s) + at.state(i)] * h[i] + ends[segment_state(s) + at.state(i)];
+      }
+    }
+  }
+  #pragma unroll
+  for (int i = 0; i < kStates; ++i) decay[i] = segment.index == 0 ? 0.0f : 1.0f;
 
   ProjectionTile<Policy, W> projections;
   ShareRuns<T, kShare, kRows> runs;
@@ -364,17 +410,25 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     store_floats<kShare>(&shared.dt[buffer][at.slot][at.share_offset()], dt);
     store_floats<kShare>(&shared.dtu[buffer][at.slot][at.share_offset()], dtu);
   };
+  const auto ended = [&](int64_t s, const float (&state)[kStates]) {
+    if constexpr (Ends) {
+      #pragma unroll
+      for (int i = 0; i < kStates; ++i) decay[i] = 0.0f;
+    } else {
+      ch.write_states(p.last_state, s, state);
+    }
+  };
 
   if (tiles > 0) {
-    fetch(0);
-    commit(0, 0);
+    fetch(first_tile * kSteps);
+    commit(first_tile * kSteps, 0);
   }
   __syncthreads();
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int buffer = tile & 1;
+  for (int64_t tile = first_tile; tile < first_tile + tiles; ++tile) {
+    const int buffer = (tile - first_tile) & 1;
     const int64_t t0 = tile * kSteps;
-    if (tile + 1 < tiles) fetch(t0 + kSteps);
-    if (tile % Policy::kTilesPerChunk == 0 && at.active) {
+    if (tile + 1 < first_tile + tiles) fetch(t0 + kSteps);
+    if (!Ends && tile % Policy::kTilesPerChunk == 0 && at.active) {
       #pragma unroll
       for (int i = 0; i < kStates; ++i)
         if (at.state(i) < n) checkpoints[tile / Policy::kTilesPerChunk * n + at.state(i)] = h[i];
@@ -384,26 +438,46 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     // resident warps.
     #pragma unroll 4
     for (int t = 0; t < kSteps; ++t) {
-      walk.before_step(ch, t0 + t, h, [&](int64_t s, const float (&ended)[kStates]) { ch.write_states(p.last_state, s, ended); });
-      shared.partial[t][threadIdx.x] =
-          recur<kStates>(h, A2, shared.dt[buffer][at.slot][t], shared.dtu[buffer][at.slot][t],
-                         &shared.projections[buffer][0][t][at.state(0)], &shared.projections[buffer][1][t][at.state(0)]);
+      walk.before_step(ch, t0 + t, h, ended);
+      const float dt = shared.dt[buffer][at.slot][t];
+      const float y = recur<kStates>(h, A2, dt, shared.dtu[buffer][at.slot][t],
+                                     &shared.projections[buffer][0][t][at.state(0)],
+                                     &shared.projections[buffer][1][t][at.state(0)]);
+      if constexpr (Ends) {
+        #pragma unroll
+        for (int i = 0; i < kStates; ++i) decay[i] *= decay_from_log2(dt, A2[i]);
+      } else {
+        shared.partial[t][threadIdx.x] = y;
+      }
     }
 
-    // The output: the lanes' partial sums added up per step, by the lane whose share the step is.
-    __syncwarp();
-    float y[kShare];
-    sum_share<Policy>(shared.partial, at, y);
-    #pragma unroll
-    for (int i = 0; i < kShare; ++i) {
-      y[i] += D * now[kU][i];
-      if (p.z) y[i] *= silu(now[kZ][i]);
+    if constexpr (!Ends) {
+      // The output: the lanes' partial sums added up per step, by the lane whose share the step is.
+      __syncwarp();
+      float y[kShare];
+      sum_share<Policy>(shared.partial, at, y);
+      #pragma unroll
+      for (int i = 0; i < kShare; ++i) {
+        y[i] += D * now[kU][i];
+        if (p.z) y[i] *= silu(now[kZ][i]);
+      }
+      if (at.active) store_run<kShare>(out_row, at.share_begin(t0), length, p.vectorized, y);
     }
-    if (at.active) store_run<kShare>(out_row, at.share_begin(t0), length, p.vectorized, y);
-    if (tile + 1 < tiles) commit(t0 + kSteps, buffer ^ 1);
+    if (tile + 1 < first_tile + tiles) commit(t0 + kSteps, buffer ^ 1);
     __syncthreads();
   }
-  if (length > 0) ch.write_states(p.last_state, walk.sequence, h);
+  if constexpr (Ends) {
+    if (at.active) {
+      #pragma unroll
+      for (int i = 0; i < kStates; ++i) {
+        if (at.state(i) >= n) continue;
+        ends[segment_state(segment.index) + at.state(i)] = h[i];
+        decays[segment_state(segment.index) + at.state(i)] = decay[i];
+      }
+    }
+  } else if (segment.end == length && length > 0) {
+    ch.write_states(p.last_state, walk.sequence, h);
+  }
 }
 
 template <typename Policy>

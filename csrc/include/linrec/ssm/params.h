@@ -90,6 +90,13 @@ struct Sequences {
   }
 };
 
+// How a call runs on the GPU: its rows split along time into `segments` of `segment_chunks` chunks,
+// and the zeroed workspace that takes (bytes, 16-byte aligned).
+struct Plan {
+  int64_t segments = 1, segment_chunks = 0;
+  int64_t workspace_bytes = 0;
+};
+
 struct ForwardParams {
   DType dtype = DType::Float32;  // T
   DType state_dtype = DType::Float32;  // S
@@ -107,6 +114,10 @@ struct ForwardParams {
   bool vectorized = false;
   const void* initial = nullptr;     // optional
   Sequences sequences;
+  // Rows split along time (ssm::Plan): segments of segment_chunks chunks, scanned side by side, with
+  // the plan's workspace.
+  int64_t segments = 1, segment_chunks = 0;
+  void* workspace = nullptr;
   void* out = nullptr;
   void* checkpoints = nullptr;
   void* last_state = nullptr;        // an empty sequence's is its initial state (zeros without one)
