@@ -87,13 +87,12 @@ void launch_lanes(void (*kernel)(Params), const Params& params, int64_t segments
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
-// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes; `splits`:
-// whether the call's rows may be split along time (the forward).
+// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes.
 template <typename Body>
-void dispatch_lanes(const ssm::ForwardParams& params, bool splits, Body&& body) {
+void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
     if constexpr (std::is_same_v<S, float>) {
-      ssm::lanes::dispatch_policy(params, multiprocessors(), splits, [&]<typename Policy>() {
+      ssm::lanes::dispatch_policy(params, multiprocessors(), [&]<typename Policy>() {
         if (params.sequences.packed()) body.template operator()<T, W, Policy, true>();
         else body.template operator()<T, W, Policy, false>();
       });
@@ -102,38 +101,50 @@ void dispatch_lanes(const ssm::ForwardParams& params, bool splits, Body&& body) 
 }
 
 // Rows of too few channels to fill the GPU are split along time into segments of whole chunks, as
-// many as the SMs hold blocks of the forward's (five each) beyond the call's own. Each split costs a
-// first pass over the segments (ssm/lane_kernels.cuh), so a call that fills the GPU stays whole.
-ssm::Plan plan_segments(const ssm::ForwardParams& params) {
+// many as the SMs hold `per_sm` blocks beyond the call's own: the forward's five resident blocks,
+// the backward's four (two resident, and its first pass is short). Each split costs a first pass
+// over the segments (ssm/lane_kernels.cuh), so a call that fills the GPU stays whole.
+ssm::Plan plan_segments(const ssm::ForwardParams& params, int64_t per_sm) {
   ssm::Plan plan;
   if (!ssm::lanes::takes(params) || params.length == 0) return plan;
   const int64_t sms = multiprocessors();
   int64_t blocks = 1;
-  ssm::lanes::dispatch_policy(params, sms, true, [&]<typename Policy>() { blocks = ssm::lanes::blocks_of<Policy>(params); });
-  const int64_t chunks = ssm::chunks_of(params.length), wanted = 5 * sms / std::max<int64_t>(blocks, 1);
+  ssm::lanes::dispatch_policy(params, sms, [&]<typename Policy>() { blocks = ssm::lanes::blocks_of<Policy>(params); });
+  const int64_t chunks = ssm::chunks_of(params.length), wanted = per_sm * sms / std::max<int64_t>(blocks, 1);
   const int64_t segments = std::min(chunks, std::max<int64_t>(wanted, 1));
   plan.segment_chunks = (chunks + segments - 1) / segments;
   plan.segments = (chunks + plan.segment_chunks - 1) / plan.segment_chunks;
   return plan;
 }
 
+// Copies the plan's split into the params the kernels take.
+template <typename Params>
+Params split_as(const ssm::Plan& plan, const Params& params) {
+  Params split = params;
+  split.segments = plan.segments;
+  split.segment_chunks = plan.segment_chunks;
+  return split;
+}
+
 }  // namespace
 
 ssm::Plan make_plan(const ssm::ForwardParams& params) {
-  ssm::Plan plan = plan_segments(params);
+  ssm::Plan plan = plan_segments(params, 5);
   // The segments' end states and decay products, [2][segments - 1][batch * d][n].
   plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
   return plan;
 }
 
-ssm::Plan make_plan(const ssm::BackwardParams&) { return ssm::Plan{}; }
+ssm::Plan make_plan(const ssm::BackwardParams& params) {
+  ssm::Plan plan = plan_segments(params, 4);
+  plan.workspace_bytes = ssm::lanes::BackwardWorkspace::floats(split_as(plan, params)) * int64_t(sizeof(float));
+  return plan;
+}
 
 void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
-    ssm::ForwardParams split = params;
-    split.segments = plan.segments;
-    split.segment_chunks = plan.segment_chunks;
-    dispatch_lanes(params, true, [&]<typename T, typename W, typename Policy, bool Packed>() {
+    const ssm::ForwardParams split = split_as(plan, params);
+    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
       if (plan.segments > 1)
         launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, 0, stream);
       launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, false>, split, plan.segments, 0, stream);
@@ -151,12 +162,23 @@ void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_
   });
 }
 
-void launch(const ssm::Plan&, const ssm::BackwardParams& params, cudaStream_t stream) {
+void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
-    dispatch_lanes(params, false, [&]<typename T, typename W, typename Policy, bool Packed>() {
-      launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed>, params, 1,
-                           sizeof(ssm::lanes::BackwardShared<Policy>), stream);
+    const ssm::BackwardParams split = split_as(plan, params);
+    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+      constexpr int64_t kShared = sizeof(ssm::lanes::BackwardShared<Policy>);
+      if (plan.segments > 1)
+        launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, kShared,
+                             stream);
+      launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, false>, split, plan.segments, kShared,
+                           stream);
     });
+    if (plan.segments > 1) {
+      const int64_t sums = params.batch * params.d * (params.n + 2);
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((sums + 255) / 256, 65535));
+      ssm::lanes::sum_segments<<<blocks, 256, 0, stream>>>(split);
+      LINREC_CUDA_CHECK(cudaGetLastError());
+    }
     return;
   }
   dispatch_types(params, [&]<typename T, typename W, typename S>() {

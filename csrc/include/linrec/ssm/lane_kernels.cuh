@@ -66,13 +66,12 @@ int64_t blocks_of(const ForwardParams& p) {
 }
 
 // The policy of a call: four state dims a lane (four lanes a channel up to n = 16, sixteen up to 64);
-// one state dim a lane where the call has too few channels to fill the GPU: even with its rows split
-// along time (short rows; `splits`, the forward), or at all (the backward, which does not split).
+// one state dim a lane where the call has too few channels to fill the GPU even with its rows split
+// along time (short rows of few channels).
 template <typename Body>
-void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, bool splits, Body&& body) {
-  const int64_t parts = splits ? chunks_of(p.length) : 1;
+void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, Body&& body) {
   if (p.n > 16) body.template operator()<Policy<16, 4>>();
-  else if (blocks_of<Policy<4, 4>>(p) * parts < 2 * multiprocessors) body.template operator()<Policy<16, 1>>();
+  else if (blocks_of<Policy<4, 4>>(p) * chunks_of(p.length) < 2 * multiprocessors) body.template operator()<Policy<16, 1>>();
   else body.template operator()<Policy<4, 4>>();
 }
 
@@ -328,7 +327,7 @@ __device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, 
 struct Segment {
   int64_t index, begin, end;  // steps [begin, end)
 
-  __device__ __forceinline__ explicit Segment(const ForwardParams& p) : index(blockIdx.y) {
+  __device__ __forceinline__ explicit Segment(const ForwardParams& p, int64_t index_ = blockIdx.y) : index(index_) {
     const int64_t steps = p.segments > 1 ? p.segment_chunks * kChunk : p.length;
     begin = index * steps;
     end = begin + steps < p.length ? begin + steps : p.length;
@@ -527,7 +526,47 @@ __device__ __forceinline__ void add_terms(const BackwardShared<Policy>& shared, 
   }
 }
 
-template <typename T, typename W, typename Policy, bool Packed>
+// The backward workspace of a split row, in floats: [segment][batch * d][n] each of the adjoints a
+// segment carries out of its first step (from a zero adjoint after it, the first pass) and of its
+// decay products; then the segments' partial sums of d_A ([segment][batch * d][n]), d_D and
+// d_delta_bias ([segment][batch * d]), which sum_segments adds up.
+struct BackwardWorkspace {
+  float *carried, *decays, *d_A, *d_D, *d_delta_bias;
+
+  LINREC_HOST_DEVICE static int64_t floats(const ForwardParams& p) {
+    return p.segments > 1 ? p.segments * p.batch * p.d * (3 * p.n + 2) : 0;
+  }
+  LINREC_HOST_DEVICE explicit BackwardWorkspace(const ForwardParams& p) {
+    const int64_t states = p.segments * p.batch * p.d * p.n;
+    carried = static_cast<float*>(p.workspace);
+    decays = carried + states;
+    d_A = decays + states;
+    d_D = d_A + states;
+    d_delta_bias = d_D + p.segments * p.batch * p.d;
+  }
+};
+
+// The partial sums of a split row's segments, added up in segment order (deterministic).
+__global__ void sum_segments(const BackwardParams p) {
+  const BackwardWorkspace ws(p);
+  const int64_t rows = p.batch * p.d, states = rows * p.n;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < states + 2 * rows; e += gridDim.x * int64_t(blockDim.x)) {
+    const float* parts = e < states ? ws.d_A + e : e < states + rows ? ws.d_D + (e - states) : ws.d_delta_bias + (e - states - rows);
+    const int64_t stride = e < states ? states : rows;
+    float total = 0.0f;
+    for (int64_t s = 0; s < p.segments; ++s) total += parts[s * stride];
+    if (e < states) static_cast<float*>(p.d_A)[e] = total;
+    else if (e < states + rows) { if (p.d_D) static_cast<float*>(p.d_D)[e - states] = total; }
+    else if (p.d_delta_bias) static_cast<float*>(p.d_delta_bias)[e - states - rows] = total;
+  }
+}
+
+// The backward, over one segment of each of the block's rows. Ends: the first pass of a split row,
+// which walks each segment but the first back with the adjoint alone, from a zero adjoint after it
+// (or a sequence's last-state gradient), and saves what it carries out of its first step and the
+// product of its decays (0 across a sequence start); the second pass (!Ends) starts each segment from
+// the adjoint these give.
+template <typename T, typename W, typename Policy, bool Packed, bool Ends>
 __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) backward_kernel(const BackwardParams p) {
   constexpr int kStates = Policy::kStates, kSteps = Policy::kSteps, kShare = Policy::kShare,
                 kTilesPerChunk = Policy::kTilesPerChunk;
@@ -536,10 +575,15 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   auto& shared = *reinterpret_cast<BackwardShared<Policy>*>(dynamic_storage);
   const Place<Policy> at(p);
   const ChannelView<Policy> ch{p, at};
+  // The first pass takes segments 1, 2, ... (grid y + 1): the first one's carry is not needed.
+  Segment segment(p);
+  if (Ends) segment = Segment(p, segment.index + 1);
   const int64_t n = p.n, length = p.length, tiles = (length + kSteps - 1) / kSteps, chunks = chunks_of(length);
   const int64_t projection_row = (at.b * p.B.groups + at.group) * n * length;
   const W* B = static_cast<const W*>(p.B.data) + projection_row;
   const W* C = static_cast<const W*>(p.C.data) + projection_row;
+  const BackwardWorkspace ws(p);
+  const auto segment_state = [&](int64_t s) { return (s * p.batch * p.d + at.row) * n; };
   float* d_B = static_cast<float*>(p.d_B) + projection_row;
   float* d_C = static_cast<float*>(p.d_C) + projection_row;
   const auto row_of = [&](const void* data) { return data ? static_cast<const T*>(data) + at.row * length : nullptr; };
@@ -556,38 +600,53 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
     A2[i] = scaled_log2(A[i]);
   }
   const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
-  p.sequences.for_each_empty(at.b, [&](int64_t s) {
-    float g[kStates];
-    ch.read_states(p.d_last_state, s, g);
-    ch.write_states(p.d_initial, s, g);
-  });
+  if (!Ends && segment.index == 0)
+    p.sequences.for_each_empty(at.b, [&](int64_t s) {
+      float g[kStates];
+      ch.read_states(p.d_last_state, s, g);
+      ch.write_states(p.d_initial, s, g);
+    });
 
   // The reverse walk: the sequence of the current step and its first step; the adjoint carried back
-  // from the step after (exp(dt A) g there), which starts from a sequence's last-state gradient.
+  // from the step after (exp(dt A) g there), which starts from a sequence's last-state gradient where
+  // the segment ends one, else from the later segments' (the first pass's) or zero (in it).
   int64_t sequence = at.b, first_step = 0;
   if constexpr (Packed) {
-    if (length > 0) {
-      sequence = p.sequences.sequence_at(length - 1);
+    if (segment.end > segment.begin) {
+      sequence = p.sequences.sequence_at(segment.end - 1);
       first_step = p.sequences.boundary(sequence);
     }
   }
-  float carried[kStates], d_A[kStates];
-  ch.read_states(p.d_last_state, sequence, carried);
+  const bool ends_sequence = segment.end == length || (Packed && ch.next_start(sequence) == segment.end);
+  float carried[kStates], d_A[kStates], decay[kStates];
   #pragma unroll
-  for (int i = 0; i < kStates; ++i) d_A[i] = 0.0f;
+  for (int i = 0; i < kStates; ++i) carried[i] = 0.0f, d_A[i] = 0.0f, decay[i] = ends_sequence ? 0.0f : 1.0f;
+  if (ends_sequence) {
+    ch.read_states(p.d_last_state, sequence, carried);
+  } else if (!Ends) {
+    for (int64_t s = p.segments - 1; s > segment.index; --s) {
+      #pragma unroll
+      for (int i = 0; i < kStates; ++i)
+        if (at.state(i) < n)
+          carried[i] = ws.decays[segment_state(s) + at.state(i)] * carried[i] + ws.carried[segment_state(s) + at.state(i)];
+    }
+  }
   float sum_D = 0.0f, sum_delta_bias = 0.0f;  // over the lane's share of the steps
   float before[kTilesPerChunk][kStates];      // the state before each tile of the chunk (as saved: before restarts)
   float h[kStates];                           // the chunk's recomputed state
   ForwardWalk<Packed> walk(ch, 0);
 
-  // The schedule: chunks from last to first; in each, its tiles first to last (recomputing the states
-  // before them), then last to first (the adjoint). Stage i of a chunk of m tiles: tile i for i < m,
-  // tile 2m - 1 - i after.
+  // The schedule: the segment's chunks from last to first; in each, its tiles first to last
+  // (recomputing the states before them), then last to first (the adjoint). Stage i of a chunk of m
+  // tiles: tile i for i < m, tile 2m - 1 - i after. The first pass takes the second half only.
   const auto tiles_of = [&](int64_t c) { return min(static_cast<int64_t>(kTilesPerChunk), tiles - c * kTilesPerChunk); };
+  const auto stages_of = [&](int64_t c) { return static_cast<int>(tiles_of(c)) * (Ends ? 1 : 2); };
   const auto tile_of = [&](int64_t c, int stage) {
     const int m = static_cast<int>(tiles_of(c));
+    if (Ends) stage += m;
     return c * kTilesPerChunk + (stage < m ? stage : 2 * m - 1 - stage);
   };
+  const int64_t first_chunk = segment.begin / kChunk, last_chunk = (segment.end + kChunk - 1) / kChunk - 1;
 
   ProjectionTile<Policy, W> projections;
   ShareRuns<T, kShare, kRows> runs;
@@ -614,21 +673,23 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
     store_floats<kShare>(&shared.dy[buffer][at.slot][at.share_offset()], dy);
   };
 
-  int64_t chunk = chunks - 1;
+  int64_t chunk = last_chunk;
   int stage = 0, buffer = 0;
-  if (tiles > 0) {
-    fetch(tile_of(chunk, 0) * kSteps, false);
-    commit(tile_of(chunk, 0) * kSteps, false, 0);
+  const bool any = segment.end > segment.begin;
+  if (any) {
+    fetch(tile_of(chunk, 0) * kSteps, Ends);
+    commit(tile_of(chunk, 0) * kSteps, Ends, 0);
   }
   __syncthreads();
-  while (chunk >= 0 && tiles > 0) {
+  while (any && chunk >= first_chunk) {
     const int m = static_cast<int>(tiles_of(chunk));
     const int64_t t0 = tile_of(chunk, stage) * kSteps;
     const int local = static_cast<int>(tile_of(chunk, stage) - chunk * kTilesPerChunk);
-    const int64_t next_chunk = stage + 1 < 2 * m ? chunk : chunk - 1;
-    const int next_stage = stage + 1 < 2 * m ? stage + 1 : 0;
-    const bool next_adjoint = next_chunk >= 0 && next_stage >= tiles_of(next_chunk);
-    if (next_chunk >= 0) fetch(tile_of(next_chunk, next_stage) * kSteps, next_adjoint);
+    const int64_t next_chunk = stage + 1 < stages_of(chunk) ? chunk : chunk - 1;
+    const int next_stage = stage + 1 < stages_of(chunk) ? stage + 1 : 0;
+    const bool more = next_chunk >= first_chunk;
+    const bool next_adjoint = more && (Ends || next_stage >= tiles_of(next_chunk));
+    if (more) fetch(tile_of(next_chunk, next_stage) * kSteps, next_adjoint);
     const float* dts = shared.dt[buffer][at.slot];
     const float* dtus = shared.dtu[buffer][at.slot];
     const float* dys = shared.dy[buffer][at.slot];
@@ -636,7 +697,30 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
     const auto& Cs = shared.projections[buffer][1];
     const auto ignore = [](int64_t, const float (&)[kStates]) {};
 
-    if (stage < m) {
+    if (Ends) {
+      // The adjoint alone, from the tile's last step to its first.
+      #pragma unroll 4
+      for (int t = kSteps - 1; t >= 0; --t) {
+        const int64_t step = t0 + t;
+        if constexpr (Packed) {
+          if (step < first_step) {
+            sequence = p.sequences.backward_to(sequence, step);
+            first_step = p.sequences.boundary(sequence);
+            ch.read_states(p.d_last_state, sequence, carried);
+            #pragma unroll
+            for (int i = 0; i < kStates; ++i) decay[i] = 0.0f;
+          }
+        }
+        float c[kStates];
+        load_floats<kStates>(&Cs[t][at.state(0)], c);
+        #pragma unroll
+        for (int i = 0; i < kStates; ++i) {
+          const float a = decay_from_log2(dts[t], A2[i]);
+          carried[i] = a * (dys[t] * c[i] + carried[i]);
+          decay[i] *= a;
+        }
+      }
+    } else if (stage < m) {
       // The states before each tile, from the chunk's checkpoint.
       if (stage == 0) {
         #pragma unroll
@@ -736,26 +820,41 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         if (d_z_row) store_run<kShare>(d_z_row, at.share_begin(t0), length, p.vectorized, d_z);
       }
     }
-    if (next_chunk >= 0) commit(tile_of(next_chunk, next_stage) * kSteps, next_adjoint, buffer ^ 1);
+    if (more) commit(tile_of(next_chunk, next_stage) * kSteps, next_adjoint, buffer ^ 1);
     __syncthreads();
     buffer ^= 1;
     chunk = next_chunk;
     stage = next_stage;
   }
 
-  // The per-row partial sums: d_A per lane, d_D and d_delta_bias over the channel's lanes.
+  if constexpr (Ends) {
+    if (at.active) {
+      #pragma unroll
+      for (int i = 0; i < kStates; ++i) {
+        if (at.state(i) >= n) continue;
+        ws.carried[segment_state(segment.index) + at.state(i)] = carried[i];
+        ws.decays[segment_state(segment.index) + at.state(i)] = decay[i];
+      }
+    }
+    return;
+  }
+  // The per-row partial sums (per segment of a split row): d_A per lane, d_D and d_delta_bias over the
+  // channel's lanes.
   #pragma unroll
   for (int offset = Policy::kLanes / 2; offset > 0; offset /= 2) {
     sum_D += __shfl_xor_sync(0xffffffffu, sum_D, offset);
     sum_delta_bias += __shfl_xor_sync(0xffffffffu, sum_delta_bias, offset);
   }
   if (!at.active) return;
+  const bool split = p.segments > 1;
+  float* partial_A = split ? ws.d_A + segment_state(segment.index) : static_cast<float*>(p.d_A) + at.row * n;
   #pragma unroll
   for (int i = 0; i < kStates; ++i)
-    if (at.state(i) < n) static_cast<float*>(p.d_A)[at.row * n + at.state(i)] = d_A[i];
+    if (at.state(i) < n) partial_A[at.state(i)] = d_A[i];
   if (at.lane == 0) {
-    if (p.d_D) static_cast<float*>(p.d_D)[at.row] = sum_D;
-    if (p.d_delta_bias) static_cast<float*>(p.d_delta_bias)[at.row] = sum_delta_bias;
+    const int64_t row = split ? segment.index * p.batch * p.d + at.row : at.row;
+    if (p.d_D) (split ? ws.d_D : static_cast<float*>(p.d_D))[row] = sum_D;
+    if (p.d_delta_bias) (split ? ws.d_delta_bias : static_cast<float*>(p.d_delta_bias))[row] = sum_delta_bias;
   }
 }
 
