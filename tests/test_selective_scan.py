@@ -434,9 +434,9 @@ def test_export(device, seed):
         assert_matches(got, want.cpu(), want.dtype, name)
 
 
-# Lengths around the fused kernels' chunk of 256 steps (the states saved for the backward, and the GPU
-# block kernels' tile) and their threads' 8 steps.
-CHUNK_LENGTHS = [8, 9, 255, 256, 257, 511, 513, 1025]
+# Lengths around the fused kernels' chunk of 512 steps (the states saved for the backward, and the GPU
+# block kernels' tile) and their threads' 8 and 16 steps.
+CHUNK_LENGTHS = [8, 9, 17, 511, 512, 513, 1025]
 
 
 @pytest.mark.parametrize("length", CHUNK_LENGTHS)
@@ -459,7 +459,7 @@ def test_packed_sequences_across_chunks(device, seed, offsets):
 
 # The GPU's lane kernels take B and C varying with the same groups and n <= 64: a lane walks time for
 # four state dims (one where the call has too few channels to fill the GPU), over tiles of 16 steps.
-LANE_LENGTHS = [1, 15, 16, 17, 255, 256, 257, 530]
+LANE_LENGTHS = [1, 15, 16, 17, 511, 512, 513, 1100]
 
 
 @pytest.mark.parametrize("length", LANE_LENGTHS)
@@ -481,7 +481,7 @@ def test_lane_kernels_many_channels(device, seed, dtype):
     check_against_loop(arguments, options)
 
 
-@pytest.mark.parametrize("offsets", [[0, 200, 256, 256, 300, 530], [0, 0, 17, 17, 40], [0, 16, 32, 33]],
+@pytest.mark.parametrize("offsets", [[0, 200, 512, 512, 600, 1100], [0, 0, 17, 17, 40], [0, 16, 32, 33]],
                          ids=["across-chunks", "empty", "at-tile-ends"])
 def test_lane_kernels_packed(device, seed, offsets):
     arguments, options = make_arguments(device, torch.float32, False, "shared", "shared", length=offsets[-1],

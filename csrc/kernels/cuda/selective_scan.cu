@@ -100,19 +100,24 @@ void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
   });
 }
 
-// Rows of too few channels to fill the GPU are split along time into segments of whole chunks, as
-// many as the SMs hold `per_sm` blocks beyond the call's own: the forward's five resident blocks,
-// the backward's four (two resident, and its first pass is short). Each split costs a first pass
-// over the segments (ssm/lane_kernels.cuh), so a call that fills the GPU stays whole.
-ssm::Plan plan_segments(const ssm::ForwardParams& params, int64_t per_sm) {
+// Rows of too few channels to fill the GPU are split along time into segments of whole chunks. The
+// count minimizes a model of the time: waves of `resident` blocks per SM for the segments, and for the
+// first pass over all but one of them, which costs `first_pass` of the second's time per block.
+ssm::Plan plan_segments(const ssm::ForwardParams& params, int64_t resident, double first_pass) {
   ssm::Plan plan;
   if (!ssm::lanes::takes(params) || params.length == 0) return plan;
-  const int64_t sms = multiprocessors();
+  const int64_t sms = multiprocessors(), capacity = resident * sms;
   int64_t blocks = 1;
   ssm::lanes::dispatch_policy(params, sms, [&]<typename Policy>() { blocks = ssm::lanes::blocks_of<Policy>(params); });
-  const int64_t chunks = ssm::chunks_of(params.length), wanted = per_sm * sms / std::max<int64_t>(blocks, 1);
-  const int64_t segments = std::min(chunks, std::max<int64_t>(wanted, 1));
-  plan.segment_chunks = (chunks + segments - 1) / segments;
+  const auto waves = [&](int64_t segments) { return static_cast<double>((blocks * segments + capacity - 1) / capacity); };
+  const int64_t chunks = ssm::chunks_of(params.length);
+  int64_t best = 1;
+  double best_time = waves(1);
+  for (int64_t segments = 2; segments <= std::min<int64_t>(chunks, 64); ++segments) {
+    const double time = (waves(segments) + first_pass * waves(segments - 1)) / segments;
+    if (time < 0.97 * best_time) best = segments, best_time = time;
+  }
+  plan.segment_chunks = (chunks + best - 1) / best;
   plan.segments = (chunks + plan.segment_chunks - 1) / plan.segment_chunks;
   return plan;
 }
@@ -129,14 +134,14 @@ Params split_as(const ssm::Plan& plan, const Params& params) {
 }  // namespace
 
 ssm::Plan make_plan(const ssm::ForwardParams& params) {
-  ssm::Plan plan = plan_segments(params, 5);
+  ssm::Plan plan = plan_segments(params, 5, 0.5);
   // The segments' end states and decay products, [2][segments - 1][batch * d][n].
   plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
   return plan;
 }
 
 ssm::Plan make_plan(const ssm::BackwardParams& params) {
-  ssm::Plan plan = plan_segments(params, 4);
+  ssm::Plan plan = plan_segments(params, 2, 0.2);
   plan.workspace_bytes = ssm::lanes::BackwardWorkspace::floats(split_as(plan, params)) * int64_t(sizeof(float));
   return plan;
 }

@@ -17,7 +17,7 @@ import torch
 from .backend import cuda_device_problem
 from .library import HAS_CUDA_KERNELS  # importing library loads the ops
 
-CHUNK = 256  # steps between checkpoints (ssm/params.h: kChunk)
+CHUNK = 512  # steps between checkpoints (ssm/params.h: kChunk)
 _FORWARD = torch.ops.linrec.selective_scan_forward.default
 _BACKWARD = torch.ops.linrec.selective_scan_backward.default
 

@@ -41,13 +41,13 @@ struct Policy {
   static constexpr int kMinBlocks = MinBlocks;
   static constexpr int kWarps = Threads / 32;
   static constexpr int kTile = Threads * Items;
-  // A tile is a checkpoint chunk, or, for a sequence of one tile at most, shorter.
-  static_assert(kChunk % kTile == 0, "a block's tile divides a checkpoint chunk");
+  static_assert(kTile == kChunk, "a block's tile is a checkpoint chunk");
 };
 
-// A warp of 8 steps a thread: a tile is a checkpoint chunk (kChunk = 256 steps).
-using ForwardPolicy = Policy<32, 8>;
-using BackwardPolicy = Policy<32, 8>;
+// A tile is a checkpoint chunk (kChunk = 512 steps): a warp of 16 steps a thread in the forward, two
+// warps of 8 in the backward (registers for its dozen per-step arrays).
+using ForwardPolicy = Policy<32, 16>;
+using BackwardPolicy = Policy<64, 8>;
 
 // A time row's values of one chunk to and from registers: 16-byte accesses where every row is
 // aligned for them (ForwardParams::vectorized), element by element otherwise (memio.h).

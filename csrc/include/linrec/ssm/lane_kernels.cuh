@@ -77,16 +77,20 @@ void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, Body&& bod
 
 // Whether the family takes a call: B and C varying with the same groups, n <= 64, a float state.
 inline bool takes(const ForwardParams& p) {
-  return p.B.varying && p.C.varying && p.B.groups == p.C.groups && p.n <= Policy<16, 4>::kMaxStates &&
+  return p.B.varying && p.C.varying && p.B.groups == p.C.groups && p.n <= 64 &&
          p.state_dtype == DType::Float32;
 }
 
-// N floats from shared memory and back, in one access where N is 2 or 4 (16-byte aligned rows).
+// N floats from shared memory and back, in 16-byte accesses where N is a multiple of 4 (16-byte
+// aligned rows).
 template <int N>
 __device__ __forceinline__ void load_floats(const float* source, float (&values)[N]) {
-  if constexpr (N == 4) {
-    const float4 v = *reinterpret_cast<const float4*>(source);
-    values[0] = v.x, values[1] = v.y, values[2] = v.z, values[3] = v.w;
+  if constexpr (N % 4 == 0) {
+    #pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+      const float4 v = reinterpret_cast<const float4*>(source)[q];
+      values[4 * q] = v.x, values[4 * q + 1] = v.y, values[4 * q + 2] = v.z, values[4 * q + 3] = v.w;
+    }
   } else {
     #pragma unroll
     for (int i = 0; i < N; ++i) values[i] = source[i];
@@ -195,12 +199,13 @@ struct ChannelView {
   __device__ __forceinline__ float per_channel(const void* data) const {
     return data ? static_cast<const float*>(data)[at.k] : 0.0f;
   }
-  // The lane's state dims of sequence s from a (sequences, d, n) tensor (0 where absent or past n).
+  // The lane's state dims of sequence s from a (sequences, d, n) tensor (0 where absent, past n, or of
+  // no sequence: s = -1).
   __device__ __forceinline__ void read_states(const void* states, int64_t s, float (&h)[Policy::kStates]) const {
     #pragma unroll
     for (int i = 0; i < Policy::kStates; ++i) {
       const int j = at.state(i);
-      h[i] = states && j < p.n ? static_cast<const float*>(states)[state_index(s, j)] : 0.0f;
+      h[i] = states && s >= 0 && j < p.n ? static_cast<const float*>(states)[state_index(s, j)] : 0.0f;
     }
   }
   // Writes the lane's state dims of sequence s (an active channel's) into a (sequences, d, n) tensor.
@@ -226,7 +231,7 @@ struct ForwardWalk {
   int64_t sequence = 0, restart = INT64_MAX;
 
   // The walk from the state before step t0 (as saved: before any restart at t0). Where a sequence
-  // starts at t0, the walk begins in the one before, which the restart ends.
+  // starts at t0, the walk begins in the one before, which the restart ends (none before step 0: -1).
   template <typename Policy>
   __device__ __forceinline__ ForwardWalk(const ChannelView<Policy>& ch, int64_t t0) {
     if constexpr (Packed) {
@@ -234,7 +239,7 @@ struct ForwardWalk {
       sequence = ch.p.sequences.sequence_at(t0);
       if (ch.p.sequences.boundary(sequence) == t0) {
         restart = t0;
-        if (t0 > 0) sequence = ch.p.sequences.sequence_at(t0 - 1);
+        sequence = t0 > 0 ? ch.p.sequences.sequence_at(t0 - 1) : -1;
       } else {
         restart = ch.next_start(sequence);
       }
@@ -250,7 +255,7 @@ struct ForwardWalk {
                                               Ended&& ended) {
     if constexpr (Packed) {
       if (t == restart) {
-        ended(sequence, h);
+        if (sequence >= 0) ended(sequence, h);
         sequence = ch.p.sequences.forward_to(sequence, t);
         restart = ch.next_start(sequence);
         ch.read_states(ch.p.initial, sequence, h);

@@ -18,7 +18,7 @@ namespace linrec::ssm {
 
 // Time steps between the states the forward saves for the backward, which recomputes the states
 // inside a chunk from the one before it. Both devices use it: it sets the checkpoints' shape.
-constexpr int64_t kChunk = 256;
+constexpr int64_t kChunk = 512;
 
 LINREC_HOST_DEVICE int64_t chunks_of(int64_t length) { return (length + kChunk - 1) / kChunk; }
 
