@@ -88,11 +88,11 @@ void launch_lanes(void (*kernel)(Params), const Params& params, int64_t segments
 }
 
 // Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes.
-template <typename Body>
+template <bool Backward, typename Body>
 void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
     if constexpr (std::is_same_v<S, float>) {
-      ssm::lanes::dispatch_policy(params, multiprocessors(), [&]<typename Policy>() {
+      ssm::lanes::dispatch_policy<Backward>(params, multiprocessors(), [&]<typename Policy>() {
         if (params.sequences.packed()) body.template operator()<T, W, Policy, true>();
         else body.template operator()<T, W, Policy, false>();
       });
@@ -101,14 +101,18 @@ void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
 }
 
 // Rows of too few channels to fill the GPU are split along time into segments of whole chunks. The
-// count minimizes a model of the time: waves of `resident` blocks per SM for the segments, and for the
+// count minimizes a model of the time: waves of the blocks an SM holds for the segments, and for the
 // first pass over all but one of them, which costs `first_pass` of the second's time per block.
-ssm::Plan plan_segments(const ssm::ForwardParams& params, int64_t resident, double first_pass) {
+template <bool Backward>
+ssm::Plan plan_segments(const ssm::ForwardParams& params, double first_pass) {
   ssm::Plan plan;
   if (!ssm::lanes::takes(params) || params.length == 0) return plan;
-  const int64_t sms = multiprocessors(), capacity = resident * sms;
-  int64_t blocks = 1;
-  ssm::lanes::dispatch_policy(params, sms, [&]<typename Policy>() { blocks = ssm::lanes::blocks_of<Policy>(params); });
+  const int64_t sms = multiprocessors();
+  int64_t blocks = 1, capacity = 1;
+  ssm::lanes::dispatch_policy<Backward>(params, sms, [&]<typename Policy>() {
+    blocks = ssm::lanes::blocks_of<Policy>(params);
+    capacity = sms * (Backward ? Policy::kBackwardResident : Policy::kForwardMinBlocks);
+  });
   const auto waves = [&](int64_t segments) { return static_cast<double>((blocks * segments + capacity - 1) / capacity); };
   const int64_t chunks = ssm::chunks_of(params.length);
   int64_t best = 1;
@@ -134,14 +138,14 @@ Params split_as(const ssm::Plan& plan, const Params& params) {
 }  // namespace
 
 ssm::Plan make_plan(const ssm::ForwardParams& params) {
-  ssm::Plan plan = plan_segments(params, 5, 0.5);
+  ssm::Plan plan = plan_segments<false>(params, 0.5);
   // The segments' end states and decay products, [2][segments - 1][batch * d][n].
   plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
   return plan;
 }
 
 ssm::Plan make_plan(const ssm::BackwardParams& params) {
-  ssm::Plan plan = plan_segments(params, 2, 0.2);
+  ssm::Plan plan = plan_segments<true>(params, 0.2);
   plan.workspace_bytes = ssm::lanes::BackwardWorkspace::floats(split_as(plan, params)) * int64_t(sizeof(float));
   return plan;
 }
@@ -149,7 +153,7 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
 void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
     const ssm::ForwardParams split = split_as(plan, params);
-    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+    dispatch_lanes<false>(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
       if (plan.segments > 1)
         launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, 0, stream);
       launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, false>, split, plan.segments, 0, stream);
@@ -170,7 +174,7 @@ void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_
 void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
     const ssm::BackwardParams split = split_as(plan, params);
-    dispatch_lanes(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+    dispatch_lanes<true>(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
       constexpr int64_t kShared = sizeof(ssm::lanes::BackwardShared<Policy>);
       if (plan.segments > 1)
         launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, kShared,

@@ -33,23 +33,25 @@
 
 namespace linrec::ssm::lanes {
 
-template <int Lanes, int States>
+template <int Lanes, int States, int Warps = 4>
 struct Policy {
   static constexpr int kLanes = Lanes;                  // lanes per channel
   static constexpr int kStates = States;                // state dims per lane
   static constexpr int kMaxStates = kLanes * kStates;   // the largest n
   static constexpr int kSteps = 16;                     // steps per tile
   static constexpr int kShare = kSteps / kLanes;        // a lane's steps of its channel's per-step work
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = Warps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kChannels = kThreads / kLanes;   // per block
   // A slot's [step][state dim] block of gradient terms, padded so that neighbouring slots' rows fall in
   // other banks.
   static constexpr int kTermStride = kSteps * kMaxStates + 16;
   static constexpr int kTilesPerChunk = kChunk / kSteps;
-  // Blocks an SM is to hold at least, which caps the registers of a thread (__launch_bounds__).
-  static constexpr int kForwardMinBlocks = 5;
+  // Blocks an SM is to hold at least, which caps the registers of a thread (__launch_bounds__); the
+  // backward's registers leave two.
+  static constexpr int kForwardMinBlocks = 20 / kWarps;
   static constexpr int kBackwardMinBlocks = 1;
+  static constexpr int kBackwardResident = 2;
   static_assert(32 % kLanes == 0 && kSteps % kLanes == 0 && kLanes % 4 == 0, "a channel's lanes share a warp");
   static_assert(kChunk % kSteps == 0, "tiles divide a checkpoint chunk");
 };
@@ -65,12 +67,15 @@ int64_t blocks_of(const ForwardParams& p) {
   return p.batch * p.B.groups * blocks_per_group<Policy>(p);
 }
 
-// The policy of a call: four state dims a lane (four lanes a channel up to n = 16, sixteen up to 64);
-// one state dim a lane where the call has too few channels to fill the GPU even with its rows split
-// along time (short rows of few channels).
-template <typename Body>
+// The policy of a call: four state dims a lane (four lanes a channel up to n = 16, sixteen up to 64,
+// where the forward's blocks take eight warps, twice the channels for one tile of B and C, if that
+// leaves two blocks per SM at least); one state dim a lane where the call has too few channels to fill
+// the GPU even with its rows split along time (short rows of few channels).
+template <bool Backward, typename Body>
 void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, Body&& body) {
-  if (p.n > 16) body.template operator()<Policy<16, 4>>();
+  using Wide = Policy<16, 4, 8>;
+  if (p.n > 16 && !Backward && blocks_of<Wide>(p) >= 4 * multiprocessors) body.template operator()<Wide>();
+  else if (p.n > 16) body.template operator()<Policy<16, 4>>();
   else if (blocks_of<Policy<4, 4>>(p) * chunks_of(p.length) < 2 * multiprocessors) body.template operator()<Policy<16, 1>>();
   else body.template operator()<Policy<4, 4>>();
 }
