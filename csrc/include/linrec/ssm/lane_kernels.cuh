@@ -220,6 +220,21 @@ struct ChannelView {
     for (int i = 0; i < Policy::kStates; ++i)
       if (at.state(i) < p.n) static_cast<float*>(states)[state_index(s, at.state(i))] = h[i];
   }
+  // The lane's state dims of A (0 past n).
+  __device__ __forceinline__ void read_A(float (&A)[Policy::kStates]) const {
+    #pragma unroll
+    for (int i = 0; i < Policy::kStates; ++i)
+      A[i] = at.state(i) < p.n ? static_cast<const float*>(p.A)[at.k * p.n + at.state(i)] : 0.0f;
+  }
+  // For the sequences without steps that batch row b's blocks set: to[s] = from[s] (an empty sequence
+  // ends in its initial state, whose gradient is then its last state's).
+  __device__ __forceinline__ void copy_empty_sequences(const void* from, void* to) const {
+    p.sequences.for_each_empty(at.b, [&](int64_t s) {
+      float h[Policy::kStates];
+      read_states(from, s, h);
+      write_states(to, s, h);
+    });
+  }
   // The first step of the sequence after s (the next non-empty one's start), or none (INT64_MAX).
   __device__ __forceinline__ int64_t next_start(int64_t s) const {
     const Sequences& q = p.sequences;
@@ -266,6 +281,41 @@ struct ForwardWalk {
         ch.read_states(ch.p.initial, sequence, h);
       }
     }
+  }
+};
+
+// The backward walk of a row's adjoint through packed sequences: the sequence of the current step and
+// its first step, from the segment's last step.
+template <bool Packed>
+struct ReverseWalk {
+  const void* d_last_state;  // (sequences, d, n), or null
+  int64_t sequence, first_step = 0;
+
+  template <typename Policy>
+  __device__ __forceinline__ ReverseWalk(const ChannelView<Policy>& ch, const void* d_last_state_, int64_t begin,
+                                         int64_t end)
+      : d_last_state(d_last_state_), sequence(ch.at.b) {
+    if constexpr (Packed) {
+      if (end > begin) {
+        sequence = ch.p.sequences.sequence_at(end - 1);
+        first_step = ch.p.sequences.boundary(sequence);
+      }
+    }
+  }
+
+  // Before step t, walking back: where t ends the sequence before, the adjoint carried back becomes
+  // that sequence's last-state gradient; returns whether it did.
+  template <typename Policy>
+  __device__ __forceinline__ bool before_step(const ChannelView<Policy>& ch, int64_t t, float (&carried)[Policy::kStates]) {
+    if constexpr (Packed) {
+      if (t < first_step) {
+        sequence = ch.p.sequences.backward_to(sequence, t);
+        first_step = ch.p.sequences.boundary(sequence);
+        ch.read_states(d_last_state, sequence, carried);
+        return true;
+      }
+    }
+    return false;
   }
 };
 
@@ -372,17 +422,11 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
   const auto segment_state = [&](int64_t s) { return (s * p.batch * p.d + at.row) * n; };
 
   float A2[kStates];
+  ch.read_A(A2);
   #pragma unroll
-  for (int i = 0; i < kStates; ++i)
-    A2[i] = at.state(i) < n ? scaled_log2(static_cast<const float*>(p.A)[at.k * n + at.state(i)]) : 0.0f;
+  for (int i = 0; i < kStates; ++i) A2[i] = scaled_log2(A2[i]);
   const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
-
-  if (!Ends && segment.index == 0)
-    p.sequences.for_each_empty(at.b, [&](int64_t s) {
-      float h[kStates];
-      ch.read_states(p.initial, s, h);
-      ch.write_states(p.last_state, s, h);
-    });
+  if (!Ends && segment.index == 0) ch.copy_empty_sequences(p.initial, p.last_state);
   ForwardWalk<Packed> walk(ch, segment.begin);
   float h[kStates], decay[kStates];  // decay: the segment's product of decays so far (Ends)
   if (segment.index == 0) {
@@ -604,35 +648,22 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   const float* checkpoints = static_cast<const float*>(p.saved_checkpoints) + at.row * chunks * n;
 
   float A[kStates], A2[kStates];
+  ch.read_A(A);
   #pragma unroll
-  for (int i = 0; i < kStates; ++i) {
-    A[i] = at.state(i) < n ? static_cast<const float*>(p.A)[at.k * n + at.state(i)] : 0.0f;
-    A2[i] = scaled_log2(A[i]);
-  }
+  for (int i = 0; i < kStates; ++i) A2[i] = scaled_log2(A[i]);
   const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
-  if (!Ends && segment.index == 0)
-    p.sequences.for_each_empty(at.b, [&](int64_t s) {
-      float g[kStates];
-      ch.read_states(p.d_last_state, s, g);
-      ch.write_states(p.d_initial, s, g);
-    });
+  if (!Ends && segment.index == 0) ch.copy_empty_sequences(p.d_last_state, p.d_initial);
 
   // The reverse walk: the sequence of the current step and its first step; the adjoint carried back
   // from the step after (exp(dt A) g there), which starts from a sequence's last-state gradient where
   // the segment ends one, else from the later segments' (the first pass's) or zero (in it).
-  int64_t sequence = at.b, first_step = 0;
-  if constexpr (Packed) {
-    if (segment.end > segment.begin) {
-      sequence = p.sequences.sequence_at(segment.end - 1);
-      first_step = p.sequences.boundary(sequence);
-    }
-  }
-  const bool ends_sequence = segment.end == length || (Packed && ch.next_start(sequence) == segment.end);
+  ReverseWalk<Packed> back(ch, p.d_last_state, segment.begin, segment.end);
+  const bool ends_sequence = segment.end == length || (Packed && ch.next_start(back.sequence) == segment.end);
   float carried[kStates], d_A[kStates], decay[kStates];
   #pragma unroll
   for (int i = 0; i < kStates; ++i) carried[i] = 0.0f, d_A[i] = 0.0f, decay[i] = ends_sequence ? 0.0f : 1.0f;
   if (ends_sequence) {
-    ch.read_states(p.d_last_state, sequence, carried);
+    ch.read_states(p.d_last_state, back.sequence, carried);
   } else if (!Ends) {
     for (int64_t s = p.segments - 1; s > segment.index; --s) {
       #pragma unroll
@@ -711,15 +742,9 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       // The adjoint alone, from the tile's last step to its first.
       #pragma unroll 4
       for (int t = kSteps - 1; t >= 0; --t) {
-        const int64_t step = t0 + t;
-        if constexpr (Packed) {
-          if (step < first_step) {
-            sequence = p.sequences.backward_to(sequence, step);
-            first_step = p.sequences.boundary(sequence);
-            ch.read_states(p.d_last_state, sequence, carried);
-            #pragma unroll
-            for (int i = 0; i < kStates; ++i) decay[i] = 0.0f;
-          }
+        if (back.before_step(ch, t0 + t, carried)) {
+          #pragma unroll
+          for (int i = 0; i < kStates; ++i) decay[i] = 0.0f;
         }
         float c[kStates];
         load_floats<kStates>(&Cs[t][at.state(0)], c);
@@ -773,15 +798,9 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       #pragma unroll
       for (int t = kSteps - 1; t >= 0; --t) {
         const int64_t step = t0 + t;
-        if constexpr (Packed) {
-          if (step < first_step) {
-            sequence = p.sequences.backward_to(sequence, step);
-            first_step = p.sequences.boundary(sequence);
-            ch.read_states(p.d_last_state, sequence, carried);
-          }
-        }
+        back.before_step(ch, step, carried);
         float prior[kStates], b[kStates], c[kStates], terms[kStates];
-        if (step == first_step) ch.read_states(p.initial, sequence, prior);
+        if (step == back.first_step) ch.read_states(p.initial, back.sequence, prior);
         else {
           #pragma unroll
           for (int i = 0; i < kStates; ++i) prior[i] = t == 0 ? start[i] : states[t > 0 ? t - 1 : 0][i];
@@ -804,7 +823,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         shared.partial[0][t][threadIdx.x] = q_step;
         shared.partial[1][t][threadIdx.x] = r_step;
         store_floats<kStates>(&shared.terms[at.slot][t * Policy::kMaxStates + at.state(0)], terms);
-        if (step == first_step) ch.write_states(p.d_initial, sequence, carried);
+        if (step == back.first_step) ch.write_states(p.d_initial, back.sequence, carried);
       }
       __syncthreads();
       add_terms<Policy>(shared, d_B, n, t0, length, p.vectorized);
