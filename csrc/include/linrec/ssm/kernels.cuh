@@ -44,9 +44,9 @@ struct Policy {
   static_assert(kTile == kChunk, "a block's tile is a checkpoint chunk");
 };
 
-// A tile is a checkpoint chunk (kChunk = 512 steps): a warp of 16 steps a thread in the forward, two
-// warps of 8 in the backward (registers for its dozen per-step arrays).
-using ForwardPolicy = Policy<32, 16>;
+// A tile is a checkpoint chunk (kChunk = 512 steps): two warps of 8 steps a thread. The scan's
+// barriers order each chunk's shared carry between them; a block of one warp has none.
+using ForwardPolicy = Policy<64, 8>;
 using BackwardPolicy = Policy<64, 8>;
 
 // A time row's values of one chunk to and from registers: 16-byte accesses where every row is
