@@ -59,7 +59,7 @@ def selective_scan(
 
     With a real ``A`` on the CPU or a GPU the build's CUDA kernels run on, the scan runs fused
     (``backend="auto"``): the state stays on chip, u, delta, z, B and C are read once and the output
-    written once; only the state every 1024 steps is kept for the backward, which recomputes the rest.
+    written once; only the state every 512 steps is kept for the backward, which recomputes the rest.
     Memory is then O(batch * d * length). The fused kernels give first derivatives. Otherwise (complex
     ``A``, ``backend="composed"``, or deterministic algorithms asked for on the GPU with a time-varying
     B or C, whose fused gradient is summed with atomic adds), the scan is one ``linrec.linrec`` call over
