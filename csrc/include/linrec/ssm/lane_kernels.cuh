@@ -14,11 +14,15 @@
 //
 // The forward saves the state before every chunk of kChunk steps (params.h) and the last state of
 // every sequence. The backward walks the chunks from last to first: it recomputes a chunk's states
-// from its checkpoint, keeping the state before every tile in shared memory, then, tile by tile
-// from last to first, recomputes the tile's states in registers and walks them backwards with the
-// adjoint. Varying B and C gradients are summed over the block's channels in shared memory and
+// from its checkpoint, keeping the state before every tile in a thread's (local) array, then, tile by
+// tile from last to first, recomputes the tile's states in registers and walks them backwards with
+// the adjoint. Varying B and C gradients are summed over the block's channels in shared memory and
 // added across blocks with 16-byte atomic adds; the per-channel sums (A, D, delta_bias) are per lane,
 // added up in a fixed order.
+//
+// Rows of too few channels to fill the GPU run split along time into segments (grid y, a plan's
+// choice): a first pass (the kernels' Ends) gives each segment what the segments before it carry in
+// (after it, in the backward), the second starts from that.
 #pragma once
 
 #include <cuda_bf16.h>
