@@ -69,6 +69,12 @@ def main() -> None:
     scans = {"linrec": lambda *tensors: linrec.selective_scan(*tensors, True),
              "mamba_ssm": lambda *tensors: theirs(*tensors, True)}
     print(f"linrec {linrec.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    # A second of matrix products first: measured on an idle GPU, the first row runs at lower clocks.
+    warm = torch.randn(4096, 4096, device="cuda")
+    for _ in range(200):
+        warm = warm @ warm
+        warm /= warm.norm()
+    torch.cuda.synchronize()
     print("| dtype | batch x d x n x length | linrec fwd / fwd+bwd ms | mamba_ssm fwd / fwd+bwd ms "
           "| linrec / mamba_ssm fwd, fwd+bwd | peak MiB fwd+bwd, linrec / mamba_ssm |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")

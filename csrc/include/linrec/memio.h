@@ -283,7 +283,7 @@ __device__ __forceinline__ void unpack_run(const Bits& bits, Acc (&items)[N]) {
   for (int i = 0; i < N; ++i) items[i] = static_cast<Acc>(values[i]);
 }
 
-// row[begin + i] = items[i] for the steps before `length`, as fetch_run reads them.
+// row[begin + i] = items[i] for the steps before `length`, as fetch_bits reads them.
 template <int N, typename T, typename Acc>
 __device__ __forceinline__ void store_run(T* row, int64_t begin, int64_t length, bool aligned, const Acc (&items)[N]) {
   using Bits = typename RunBits<N * sizeof(T)>::type;
