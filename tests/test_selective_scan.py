@@ -519,6 +519,111 @@ def test_non_finite_values_follow_the_loop(device, seed):
     torch.testing.assert_close(state.cpu(), expected_state, equal_nan=True)
 
 
+def _assert_matches_with_non_finite(actual, expected, dtype, what):
+    """Infinite and NaN values where the loop has them (the same infinities), the rest close to the loop's."""
+    actual = actual.detach().cpu().to(expected.dtype)
+    finite = torch.isfinite(expected)
+    assert (~finite).any(), f"{what}: the loop has no non-finite value to compare"
+    torch.testing.assert_close(actual[~finite], expected[~finite], equal_nan=True, msg=f"{what}: non-finite values")
+    assert_matches(actual[finite], expected[finite], dtype, what)
+
+
+# Long rows of few channels: the GPU splits them along time into segments of 512 steps, over each of
+# which a decay of about 0.74 a step has a product that underflows in float32.
+SPLIT_LENGTH = 2600
+
+
+def test_infinite_state_across_split_rows(device, seed):
+    """An infinite initial state stays infinite through segments whose product of decays underflows
+    (last state), and so does an infinite adjoint carried back to the initial state's gradient."""
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=SPLIT_LENGTH,
+                                        batch=1, d=3, n=16, groups=1)
+    initial = random_values((1, 3, 16), torch.float32, device)
+    initial[0, 0, :3] = float("inf")
+    initial[0, 2, 5] = -float("inf")
+    arguments["initial"] = initial.requires_grad_()
+    out, state = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    wide_initial = wide(initial).requires_grad_()
+    expected_out, expected_state = loop_reference(**{name: wide(tensor) for name, tensor in arguments.items()
+                                                     if name != "initial"}, initial=wide_initial, **options)
+    _assert_matches_with_non_finite(state, expected_state, torch.float32, "last state")
+
+    d_out = random_values(out.shape, out.dtype, device)
+    d_out[0, 1, -1] = float("inf")
+    d_out[0, 0] = 0.0  # the infinite state's channel: its outputs are infinite or NaN
+    d_out[0, 2] = 0.0
+    (d_initial,) = torch.autograd.grad(out, initial, d_out)
+    (expected_d_initial,) = torch.autograd.grad(expected_out, wide_initial, wide(d_out))
+    _assert_matches_with_non_finite(d_initial, expected_d_initial, torch.float32, "d_initial")
+
+
+def test_non_finite_values_stay_in_their_packed_sequence(device, seed):
+    """Packed sequences in long rows of few channels (split along time on the GPU): an infinite state of
+    one sequence does not reach the next one's outputs or last state, and an infinite adjoint of one
+    does not reach the earlier one's gradients."""
+    offsets = [0, 1300, SPLIT_LENGTH]
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=SPLIT_LENGTH,
+                                        batch=1, d=3, n=16, groups=1)
+    cu_seqlens = torch.tensor(offsets, device=device)
+    expected_out, expected_state = loop_reference(**{name: wide(tensor) for name, tensor in arguments.items()},
+                                                  **options, cu_seqlens=offsets)
+    polluted = dict(arguments, u=arguments["u"].clone())
+    polluted["u"][0, 0, 5] = float("inf")
+    out, state = linrec.selective_scan(**polluted, **options, return_last_state=True, cu_seqlens=cu_seqlens)
+    assert_matches(out[..., 1300:], expected_out[..., 1300:], torch.float32, "out of the second sequence")
+    assert_matches(state[1], expected_state[1], torch.float32, "last state of the second sequence")
+
+    leaves = {name: arguments[name].requires_grad_() for name in ("u", "delta", "z")}
+    out = linrec.selective_scan(**arguments, **options, cu_seqlens=cu_seqlens)
+    d_out = random_values(out.shape, out.dtype, device)
+    d_out[0, :, 2000] = float("inf")
+    grads = torch.autograd.grad(out, list(leaves.values()), d_out)
+    wide_leaves = {name: wide(tensor).requires_grad_() for name, tensor in leaves.items()}
+    expected_out, _ = loop_reference(**{name: wide(tensor) for name, tensor in arguments.items()} | wide_leaves,
+                                     **options, cu_seqlens=offsets)
+    expected = torch.autograd.grad(expected_out, list(wide_leaves.values()), wide(d_out))
+    for name, grad, want in zip(leaves, grads, expected):
+        assert_matches(grad[..., :1300], want[..., :1300], torch.float32, f"d_{name} of the first sequence")
+
+
+def test_more_than_2_31_elements(device, seed):
+    """Operands of 2^31 + 2^16 elements (batch 1, d = 65536, 32769 steps, bfloat16; about 30 GB on the
+    GPU): the last channels' outputs, last state and gradients equal those of the same channels called
+    alone, whose offsets are small."""
+    if device == "cpu" or torch.cuda.mem_get_info()[0] < 40 * 2**30:
+        pytest.skip("needs a GPU with 40 GB free")
+    d, n, length, kept = 2**16, 16, 2**15 + 1, 3
+
+    def activations():  # made on the GPU: a float64 copy on the host would take 17 GB
+        return torch.randn(1, d, length, device=device, dtype=torch.bfloat16)
+
+    arguments = dict(u=activations(), delta=(0.5 * activations() - 1), A=-(0.5 + torch.rand(d, n, device=device)),
+                     B=torch.randn(1, n, length, device=device, dtype=torch.bfloat16),
+                     C=torch.randn(1, n, length, device=device, dtype=torch.bfloat16),
+                     D=torch.randn(d, device=device), z=activations(), delta_bias=0.3 * torch.randn(d, device=device))
+    options = dict(delta_softplus=True)
+    assert arguments["u"].numel() > 2**31
+    per_channel = ("u", "delta", "z", "A", "D", "delta_bias")
+    leaves = {name: arguments[name].requires_grad_() for name in per_channel}
+    out, state = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    d_out = random_values((1, kept, length), out.dtype, device)
+    d_out_all = torch.zeros_like(out)
+    d_out_all[:, -kept:] = d_out
+    grads = torch.autograd.grad(out, list(leaves.values()), d_out_all)
+    del d_out_all
+
+    def last_channels(name, tensor):
+        return tensor[-kept:] if name in ("A", "D", "delta_bias") else tensor[:, -kept:]
+
+    alone = {name: last_channels(name, tensor).detach().requires_grad_() for name, tensor in leaves.items()}
+    out_alone, state_alone = linrec.selective_scan(**dict(arguments, **alone), **options, return_last_state=True)
+    grads_alone = torch.autograd.grad(out_alone, list(alone.values()), d_out)
+    assert_matches(out[:, -kept:], wide(out_alone), out.dtype, "out")
+    assert_matches(state[:, -kept:], wide(state_alone), state.dtype, "last state")
+    for name, grad, want in zip(leaves, grads, grads_alone):
+        assert_matches(last_channels(name, grad), wide(want), grad.dtype, f"d_{name}")
+
+
 def test_fused_ops_pass_opcheck(device, seed):
     """The fused ops' schemas, fake kernels and autograd registration (torch.library.opcheck)."""
     arguments, options = make_arguments(device, torch.float32, False, "grouped", "fixed", length=19, batch=1)

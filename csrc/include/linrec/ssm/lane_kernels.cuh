@@ -386,6 +386,14 @@ __device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, 
   }
 }
 
+// The sum of a value over the lanes of the thread's channel (neighbouring threads), the same in each.
+template <typename Policy, typename V>
+__device__ __forceinline__ V channel_sum(V value) {
+  #pragma unroll
+  for (int offset = Policy::kLanes / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
 // A segment of a row's time (blockIdx.y of segments): rows of few channels are split along time so
 // that the GPU has blocks enough. Segments are whole chunks.
 struct Segment {
@@ -398,9 +406,44 @@ struct Segment {
   }
 };
 
+// A split row's first pass saves, per segment and state dim, the state (or adjoint) it ends in from
+// zero and the product of its decays, or kRestarted where a sequence starts (ends, backward) in the
+// segment, so that nothing before it carries through. The product of the decays exp(dt A) is
+// exp(A sum dt): the channel's step sizes are summed (in double, per lane, then over its lanes), not
+// the decays multiplied per state dim and step.
+constexpr float kRestarted = -1.0f;
+
+// A lane's share of the step sizes of a tile, added to its running sum.
+template <int Share>
+__device__ __forceinline__ void add_step_sizes(double& sum, const float (&dt)[Share]) {
+  float tile = 0.0f;
+  #pragma unroll
+  for (int i = 0; i < Share; ++i) tile += dt[i];
+  sum += tile;
+}
+
+// What the first pass saves of a segment per state dim: the product of its decays, from the channel's
+// sum of step sizes, or kRestarted.
+template <typename Policy>
+__device__ __forceinline__ void segment_decays(double lane_dt_sum, bool restarted, const float (&A2)[Policy::kStates],
+                                               float (&decay)[Policy::kStates]) {
+  const float dt_sum = static_cast<float>(channel_sum<Policy>(lane_dt_sum));
+  #pragma unroll
+  for (int i = 0; i < Policy::kStates; ++i) decay[i] = restarted ? kRestarted : decay_from_log2(dt_sum, A2[i]);
+}
+
+// The state (or adjoint) h carried through a segment of the first pass's `decay` and `end`, as the
+// steps carry it: a product of decays that underflowed to 0 leaves an infinite or NaN h as it is (each
+// step's decay is positive), and a 0 h stays 0 through a product that overflowed.
+__device__ __forceinline__ float carry_through(float h, float decay, float end) {
+  if (decay == kRestarted) return end;
+  const float carried = decay == 0.0f || h == 0.0f ? (isfinite(h) ? 0.0f : h) : decay * h;
+  return carried + end;
+}
+
 // The forward, over one segment of each of the block's rows. Ends: the first pass of a split row,
 // which scans each segment but the last from a zero state (or the row's initial one) and saves, per
-// state dim, the state it ends in and the product of its decays (0 across a sequence start) in the
+// state dim, the state it ends in and the product of its decays (or kRestarted) in the
 // workspace ([2][segment][row][n]); the second pass (!Ends) starts each segment from the state these
 // give, and writes the outputs.
 template <typename T, typename W, typename Policy, bool Packed, bool Ends>
@@ -432,7 +475,9 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
   const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
   if (!Ends && segment.index == 0) ch.copy_empty_sequences(p.initial, p.last_state);
   ForwardWalk<Packed> walk(ch, segment.begin);
-  float h[kStates], decay[kStates];  // decay: the segment's product of decays so far (Ends)
+  float h[kStates];
+  double dt_sum = 0.0;                  // the lane's step sizes (Ends)
+  bool restarted = segment.index == 0;  // whether a sequence (or the row) starts in the segment (Ends)
   if (segment.index == 0) {
     ch.read_states(p.initial, walk.sequence, h);
   } else {
@@ -443,12 +488,11 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
       for (int64_t s = 0; s < segment.index; ++s) {
         #pragma unroll
         for (int i = 0; i < kStates; ++i)
-          if (at.state(i) < n) h[i] = decays[segment_state(s) + at.state(i)] * h[i] + ends[segment_state(s) + at.state(i)];
+          if (at.state(i) < n)
+            h[i] = carry_through(h[i], decays[segment_state(s) + at.state(i)], ends[segment_state(s) + at.state(i)]);
       }
     }
   }
-  #pragma unroll
-  for (int i = 0; i < kStates; ++i) decay[i] = segment.index == 0 ? 0.0f : 1.0f;
 
   ProjectionTile<Policy, W> projections;
   ShareRuns<T, kShare, kRows> runs;
@@ -464,16 +508,13 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     for (int r = 0; r < kRows; ++r) runs.unpack(r, now[r]);
     float dt[kShare], dtu[kShare];
     share_step_sizes<kShare>(p, now[kDelta], now[kU], at.share_begin(t0), bias, dt, dtu);
+    if constexpr (Ends) add_step_sizes<kShare>(dt_sum, dt);
     store_floats<kShare>(&shared.dt[buffer][at.slot][at.share_offset()], dt);
     store_floats<kShare>(&shared.dtu[buffer][at.slot][at.share_offset()], dtu);
   };
   const auto ended = [&](int64_t s, const float (&state)[kStates]) {
-    if constexpr (Ends) {
-      #pragma unroll
-      for (int i = 0; i < kStates; ++i) decay[i] = 0.0f;
-    } else {
-      ch.write_states(p.last_state, s, state);
-    }
+    if constexpr (Ends) restarted = true;
+    else ch.write_states(p.last_state, s, state);
   };
 
   if (tiles > 0) {
@@ -500,12 +541,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
       const float y = recur<kStates>(h, A2, dt, shared.dtu[buffer][at.slot][t],
                                      &shared.projections[buffer][0][t][at.state(0)],
                                      &shared.projections[buffer][1][t][at.state(0)]);
-      if constexpr (Ends) {
-        #pragma unroll
-        for (int i = 0; i < kStates; ++i) decay[i] *= decay_from_log2(dt, A2[i]);
-      } else {
-        shared.partial[t][threadIdx.x] = y;
-      }
+      if constexpr (!Ends) shared.partial[t][threadIdx.x] = y;
     }
 
     if constexpr (!Ends) {
@@ -524,6 +560,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     __syncthreads();
   }
   if constexpr (Ends) {
+    float decay[kStates];
+    segment_decays<Policy>(dt_sum, restarted, A2, decay);
     if (at.active) {
       #pragma unroll
       for (int i = 0; i < kStates; ++i) {
@@ -622,7 +660,7 @@ __global__ void sum_segments(const BackwardParams p) {
 // The backward, over one segment of each of the block's rows. Ends: the first pass of a split row,
 // which walks each segment but the first back with the adjoint alone, from a zero adjoint after it
 // (or a sequence's last-state gradient), and saves what it carries out of its first step and the
-// product of its decays (0 across a sequence start); the second pass (!Ends) starts each segment from
+// product of its decays (or kRestarted); the second pass (!Ends) starts each segment from
 // the adjoint these give.
 template <typename T, typename W, typename Policy, bool Packed, bool Ends>
 __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) backward_kernel(const BackwardParams p) {
@@ -663,9 +701,11 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   // the segment ends one, else from the later segments' (the first pass's) or zero (in it).
   ReverseWalk<Packed> back(ch, p.d_last_state, segment.begin, segment.end);
   const bool ends_sequence = segment.end == length || (Packed && ch.next_start(back.sequence) == segment.end);
-  float carried[kStates], d_A[kStates], decay[kStates];
+  float carried[kStates], d_A[kStates];
+  double dt_sum = 0.0;             // the lane's step sizes (Ends)
+  bool restarted = ends_sequence;  // whether a sequence ends in the segment, so that no adjoint passes (Ends)
   #pragma unroll
-  for (int i = 0; i < kStates; ++i) carried[i] = 0.0f, d_A[i] = 0.0f, decay[i] = ends_sequence ? 0.0f : 1.0f;
+  for (int i = 0; i < kStates; ++i) carried[i] = 0.0f, d_A[i] = 0.0f;
   if (ends_sequence) {
     ch.read_states(p.d_last_state, back.sequence, carried);
   } else if (!Ends) {
@@ -673,7 +713,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       #pragma unroll
       for (int i = 0; i < kStates; ++i)
         if (at.state(i) < n)
-          carried[i] = ws.decays[segment_state(s) + at.state(i)] * carried[i] + ws.carried[segment_state(s) + at.state(i)];
+          carried[i] = carry_through(carried[i], ws.decays[segment_state(s) + at.state(i)],
+                                     ws.carried[segment_state(s) + at.state(i)]);
     }
   }
   float sum_D = 0.0f, sum_delta_bias = 0.0f;  // over the lane's share of the steps
@@ -710,6 +751,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       if (adjoint || r == kDelta || r == kU) runs.unpack(r, now[r]);
     float dt[kShare], dtu[kShare], dy[kShare];
     share_step_sizes<kShare>(p, now[kDelta], now[kU], at.share_begin(t0), bias, dt, dtu);
+    if constexpr (Ends) add_step_sizes<kShare>(dt_sum, dt);
     store_floats<kShare>(&shared.dt[buffer][at.slot][at.share_offset()], dt);
     store_floats<kShare>(&shared.dtu[buffer][at.slot][at.share_offset()], dtu);
     if (!adjoint) return;
@@ -746,18 +788,11 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       // The adjoint alone, from the tile's last step to its first.
       #pragma unroll 4
       for (int t = kSteps - 1; t >= 0; --t) {
-        if (back.before_step(ch, t0 + t, carried)) {
-          #pragma unroll
-          for (int i = 0; i < kStates; ++i) decay[i] = 0.0f;
-        }
+        if (back.before_step(ch, t0 + t, carried)) restarted = true;
         float c[kStates];
         load_floats<kStates>(&Cs[t][at.state(0)], c);
         #pragma unroll
-        for (int i = 0; i < kStates; ++i) {
-          const float a = decay_from_log2(dts[t], A2[i]);
-          carried[i] = a * (dys[t] * c[i] + carried[i]);
-          decay[i] *= a;
-        }
+        for (int i = 0; i < kStates; ++i) carried[i] = decay_from_log2(dts[t], A2[i]) * (dys[t] * c[i] + carried[i]);
       }
     } else if (stage < m) {
       // The states before each tile, from the chunk's checkpoint.
@@ -861,6 +896,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   }
 
   if constexpr (Ends) {
+    float decay[kStates];
+    segment_decays<Policy>(dt_sum, restarted, A2, decay);
     if (at.active) {
       #pragma unroll
       for (int i = 0; i < kStates; ++i) {
@@ -873,11 +910,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   }
   // The per-row partial sums (per segment of a split row): d_A per lane, d_D and d_delta_bias over the
   // channel's lanes.
-  #pragma unroll
-  for (int offset = Policy::kLanes / 2; offset > 0; offset /= 2) {
-    sum_D += __shfl_xor_sync(0xffffffffu, sum_D, offset);
-    sum_delta_bias += __shfl_xor_sync(0xffffffffu, sum_delta_bias, offset);
-  }
+  sum_D = channel_sum<Policy>(sum_D);
+  sum_delta_bias = channel_sum<Policy>(sum_delta_bias);
   if (!at.active) return;
   const bool split = p.segments > 1;
   float* partial_A = split ? ws.d_A + segment_state(segment.index) : static_cast<float*>(p.d_A) + at.row * n;
