@@ -25,11 +25,7 @@ __device__ __forceinline__ S scaled_log2(S A) {
 template <typename S>
 __device__ __forceinline__ S decay_from_log2(S dt, S A2) {
   if constexpr (std::is_same_v<S, float>) {
-    // The exp2 unit's approximation (relative error below 2^-22), results under 2^-126 flushed to 0:
-    // exp2f's handling of subnormal results costs four more instructions a step.
-    float result;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(dt * A2));
-    return result;
+    return exp2_unit(dt * A2);
   } else {
     return decay(dt, A2);
   }

@@ -10,13 +10,22 @@
 
 namespace linrec::ssm {
 
-// exp(x). In float on the GPU, the exp2 unit's (relative error about 2^-21 where the result is
-// normal): the kernels take it once per step and channel, where the correctly rounded one costs
-// several times the instructions of a state dim's step.
+#if defined(__CUDA_ARCH__)
+// 2^x by the exp2 unit (relative error below 2^-22), results under 2^-126 flushed to 0: exp2f's
+// handling of subnormal results costs four more instructions.
+__device__ __forceinline__ float exp2_unit(float x) {
+  float result;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
+  return result;
+}
+#endif
+
+// exp(x). In float on the GPU, the exp2 unit's: the kernels take it once per step and channel,
+// where the correctly rounded one costs several times the instructions of a state dim's step.
 template <typename S>
 LINREC_HOST_DEVICE S fast_exp(S x) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (std::is_same_v<S, float>) return __expf(x);
+  if constexpr (std::is_same_v<S, float>) return exp2_unit(x * 1.4426950408889634f);
 #endif
   using std::exp;
   return exp(x);
@@ -25,6 +34,23 @@ LINREC_HOST_DEVICE S fast_exp(S x) {
 // softplus(x) = log(1 + exp(x)), and x itself above 20, as torch.nn.functional.softplus computes it.
 template <typename S>
 LINREC_HOST_DEVICE S softplus(S x) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<S, float>) {
+    // max(x, 0) + log(1 + t) with t = exp(-|x|) in [0, 1], and log(1 + t) = 2 atanh(s) for
+    // s = t / (2 + t) <= 1/3: the odd series to s^13 (relative error below 2^-24), a fraction of
+    // log1pf's instructions. A NaN x gives a NaN t.
+    const float t = fast_exp(-fabsf(x));
+    const float s = __fdividef(t, 2.0f + t), s2 = s * s;
+    float series = 1.0f / 13.0f;
+    series = fmaf(series, s2, 1.0f / 11.0f);
+    series = fmaf(series, s2, 1.0f / 9.0f);
+    series = fmaf(series, s2, 1.0f / 7.0f);
+    series = fmaf(series, s2, 1.0f / 5.0f);
+    series = fmaf(series, s2, 1.0f / 3.0f);
+    const float log1p_t = 2.0f * fmaf(s * s2, series, s);
+    return x > 20.0f ? x : fmaxf(x, 0.0f) + log1p_t;
+  }
+#endif
   using std::log1p;
   return x > S(20) ? x : log1p(fast_exp(x));
 }
@@ -33,7 +59,7 @@ template <typename S>
 LINREC_HOST_DEVICE S sigmoid(S x) {
 #if defined(__CUDA_ARCH__)
   // The approximate division: 0 where 1 + exp(-x) overflows, as the quotient is then.
-  if constexpr (std::is_same_v<S, float>) return __fdividef(1.0f, 1.0f + __expf(-x));
+  if constexpr (std::is_same_v<S, float>) return __fdividef(1.0f, 1.0f + fast_exp(-x));
 #endif
   return S(1) / (S(1) + fast_exp(-x));
 }
