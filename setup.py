@@ -11,7 +11,8 @@ Environment:
   LINREC_NO_CUDA=1        build the CPU kernels only
   LINREC_CUDA_ARCHS=...   compute capabilities, ';'-separated, '+PTX' also embeds PTX, e.g. the
                           release wheels' "8.0;9.0;10.0;12.0+PTX" (default: those of the GPUs
-                          nvidia-smi lists on this machine; none listed: the CPU kernels only)
+                          nvidia-smi lists on this machine; none listed: the CPU kernels only);
+                          the build log says which list it took and why
   CUDA_HOME               CUDA toolkit to use (else /usr/local/cuda, else the one nvcc on PATH is in)
   MAX_JOBS                parallel compile jobs (default: CPU count)
   LINREC_LOCAL_VERSION    a local version label for a wheel variant, e.g. cu12 -> 0.1.0+cu12
@@ -30,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -118,11 +120,12 @@ def pipe_tile_shapes() -> dict[str, list[list[int]]]:
 
 
 class NativeLibrary(Extension):
-    """A plain shared library (not a Python module) compiled from C++ and CUDA sources."""
+    """A plain shared library (not a Python module) compiled from C++ and, with cuda_archs (compute
+    capabilities as LINREC_CUDA_ARCHS writes them), CUDA sources."""
 
-    def __init__(self, name: str, sources: list[str], uses_cuda: bool):
+    def __init__(self, name: str, sources: list[str], cuda_archs: str | None = None):
         super().__init__(name, sources)
-        self.uses_cuda = uses_cuda
+        self.cuda_archs = cuda_archs
 
 
 class BuildNativeLibraries(build_ext):
@@ -176,10 +179,10 @@ class BuildNativeLibraries(build_ext):
         link_flags = ["-shared", f"-L{torch_lib}"]
         nvcc = cuda_home = None
         cuda_flags: list[str] = []
-        if ext.uses_cuda:
+        if ext.cuda_archs:
             cuda_home = find_cuda_home()
             nvcc = cuda_home / "bin" / "nvcc"
-            gencode, targets = cuda_gencode_flags(cuda_archs())
+            gencode, targets = cuda_gencode_flags(ext.cuda_archs)
             _log(f"CUDA kernels for {','.join(targets)} with {nvcc}")
             cuda_release = nvcc_version(nvcc)
             self.build_info.update(cuda=cuda_release, cuda_targets=targets, pipe_tile_shapes=pipe_tile_shapes())
@@ -230,49 +233,75 @@ class PlatformWheel(bdist_wheel):
         return "py3", "none", super().get_tag()[2]
 
 
-def local_cuda_archs() -> str | None:
-    """The compute capabilities of the GPUs on this machine (nvidia-smi), ';'-separated, or None."""
+def local_gpus() -> tuple[list[tuple[str, str]], str]:
+    """The GPUs nvidia-smi lists on this machine as (name, compute capability) pairs and, where it lists
+    none, why, for the build log."""
     nvidia_smi = shutil.which("nvidia-smi")
     if nvidia_smi is None:
-        return None
+        return [], "nvidia-smi is not on PATH"
     try:
-        output = subprocess.run([nvidia_smi, "--query-gpu=compute_cap", "--format=csv,noheader"], check=True,
-                                capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    archs = sorted({line.strip() for line in output.splitlines() if re.fullmatch(r"\d+\.\d+", line.strip())})
-    return ";".join(archs) or None
+        result = subprocess.run([nvidia_smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return [], f"nvidia-smi failed ({error})"
+    if result.returncode != 0:
+        # nvidia-smi prints why (no driver loaded, a driver too old for compute_cap) on stdout.
+        message = (result.stderr.strip() or result.stdout.strip() or f"exit status {result.returncode}").splitlines()[0]
+        return [], f"nvidia-smi failed ({message})"
+    gpus = []
+    for line in result.stdout.splitlines():
+        name, _, capability = line.rpartition(",")
+        if re.fullmatch(r"\d+\.\d+", capability.strip()):
+            gpus.append((name.strip(), capability.strip()))
+    return gpus, "" if gpus else "nvidia-smi lists no GPU"
 
 
-def cuda_archs() -> str | None:
-    """LINREC_CUDA_ARCHS, else the local GPUs' compute capabilities: a source build on a machine
-    compiles for its own GPUs (one architecture compiles in a fraction of the release wheels' time),
-    and a machine without a GPU has no use for CUDA kernels unless it builds them for others."""
-    return os.environ.get("LINREC_CUDA_ARCHS") or local_cuda_archs()
+def choose_cuda_archs() -> tuple[str | None, str]:
+    """The compute capabilities to build the CUDA kernels for (None: the CPU kernels only) and why, for
+    the build log: LINREC_CUDA_ARCHS, else those of this machine's GPUs. Each architecture is a full
+    nvcc pass over the kernels (four take about 14 minutes on 2 cores), so a source build compiles for
+    the GPUs it will run on; a machine without a GPU has no use for CUDA kernels unless
+    LINREC_CUDA_ARCHS asks for them, for other machines."""
+    requested = os.environ.get("LINREC_CUDA_ARCHS")
+    if requested:
+        return requested, "as LINREC_CUDA_ARCHS asks"
+    gpus, why_none = local_gpus()
+    if not gpus:
+        return None, f"{why_none} and LINREC_CUDA_ARCHS is not set"
+    archs = sorted({capability for _, capability in gpus}, key=lambda arch: tuple(map(int, arch.split("."))))
+    listed = ", ".join(f"{count} x {name} ({capability})" if count > 1 else f"{name} ({capability})"
+                       for (name, capability), count in Counter(gpus).items())
+    return ";".join(archs), (f"those of the GPUs nvidia-smi lists on this machine: {listed} "
+                             "(LINREC_CUDA_ARCHS builds for others)")
 
 
 def native_libraries() -> list[NativeLibrary]:
     libraries = [NativeLibrary("linrec._C", ["csrc/kernels/schemas.cpp", "csrc/kernels/cpu/linrec_cpu.cpp",
                                                 "csrc/kernels/cpu/forward.cpp", "csrc/kernels/cpu/backward.cpp",
-                                                "csrc/kernels/cpu/selective_scan.cpp"],
-                               uses_cuda=False)]
+                                                "csrc/kernels/cpu/selective_scan.cpp"])]
     if os.environ.get("LINREC_NO_CUDA", "0") not in ("", "0"):
         _log("LINREC_NO_CUDA is set: building the CPU kernels only")
-    elif find_cuda_home() is None:
+        return libraries
+    if find_cuda_home() is None:
         _log("no CUDA toolkit found (set CUDA_HOME, or put nvcc on PATH): building the CPU kernels only")
-    elif cuda_archs() is None:
-        _log("no GPU found and LINREC_CUDA_ARCHS is not set: building the CPU kernels only "
+        return libraries
+    archs, reason = choose_cuda_archs()
+    if archs is None:
+        _log(f"building the CPU kernels only: {reason} "
              "(LINREC_CUDA_ARCHS names the compute capabilities to build CUDA kernels for)")
-    else:
-        libraries.append(NativeLibrary(
-            "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/device.cu",
-                               "csrc/kernels/cuda/pipe_scan.cu", "csrc/kernels/cuda/selective_scan.cu"],
-            uses_cuda=True))
+        return libraries
+    _log(f"CUDA architectures {archs}: {reason}")
+    libraries.append(NativeLibrary(
+        "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/device.cu",
+                           "csrc/kernels/cuda/pipe_scan.cu", "csrc/kernels/cuda/selective_scan.cu"],
+        cuda_archs=archs))
     return libraries
 
 
-setup(
-    version=package_version(),
-    ext_modules=native_libraries(),
-    cmdclass={"build_ext": BuildNativeLibraries, "bdist_wheel": PlatformWheel},
-)
+# Guarded so that tests can import the functions above; pip and setuptools run this file as __main__.
+if __name__ == "__main__":
+    setup(
+        version=package_version(),
+        ext_modules=native_libraries(),
+        cmdclass={"build_ext": BuildNativeLibraries, "bdist_wheel": PlatformWheel},
+    )

@@ -11,8 +11,12 @@ import torch
 
 import linrec
 from linrec._core.runtime import build_info, cuda_problem, targets_for
+from linrec.tools import info as info_tool
 
 BUILT_FOR_13 = {"version": "0.1.0", "cuda": "13.0", "cuda_targets": ["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"]}
+RECORD_FOR_13 = {**BUILT_FOR_13, "torch_target": "2.10", "built_with_torch": "2.13.0"}  # as setup.py writes it
+RECORD_CPU_ONLY = {**RECORD_FOR_13, "cuda": None, "cuda_targets": []}
+NO_RECORD = {**RECORD_CPU_ONLY, "torch_target": None, "built_with_torch": None}  # libraries built by CMake
 
 
 def test_the_build_record_matches_the_package():
@@ -74,6 +78,54 @@ def test_info_prints_the_build_and_the_runtime():
     assert lines[1].startswith("  build: ") and "torch >= 2.10" in lines[1]
     assert f"torch {torch.__version__}" in result.stdout
     assert "NVIDIA driver:" in result.stdout
+    loaded = next(line for line in lines if line.startswith("  CUDA kernels loaded: "))
+    assert loaded.endswith(": True") or ", as " in loaded or ", but " in loaded  # a reason wherever they cannot run
+
+
+@pytest.fixture
+def torch_with(monkeypatch):
+    """Makes info's view of torch: whether linrec loaded its CUDA kernels, and torch's CUDA release."""
+    def set_torch(kernels_loaded: bool, cuda: str | None) -> None:
+        monkeypatch.setattr(info_tool, "HAS_CUDA_KERNELS", kernels_loaded)
+        monkeypatch.setattr(torch.version, "cuda", cuda)
+    return set_torch
+
+
+def test_info_says_a_cpu_only_torch_loads_no_cuda_kernels(torch_with):
+    """The issue's case: a build with CUDA kernels, a CPU-only torch; whatever the build holds."""
+    torch_with(kernels_loaded=False, cuda=None)
+    for record in (RECORD_FOR_13, RECORD_CPU_ONLY):
+        state = info_tool.cuda_kernels_state(record, None, [])
+        assert state.startswith("False, as torch ") and "built without CUDA (torch.version.cuda is None)" in state
+
+
+def test_info_says_the_build_has_no_cuda_kernels(torch_with):
+    torch_with(kernels_loaded=False, cuda="13.0")
+    assert "holds the CPU kernels only" in info_tool.cuda_kernels_state(RECORD_CPU_ONLY, 13000, [None])
+    assert "no CUDA library (_C_cuda.so)" in info_tool.cuda_kernels_state(NO_RECORD, 13000, [None])
+
+
+def test_info_says_why_loaded_kernels_cannot_run(torch_with):
+    torch_with(kernels_loaded=True, cuda="13.0")
+    assert "no NVIDIA driver" in info_tool.cuda_kernels_state(RECORD_FOR_13, None, [])
+    no_gpu = info_tool.cuda_kernels_state(RECORD_FOR_13, 13000, [])
+    assert "torch sees no GPU (torch.cuda.is_available() is False" in no_gpu
+    assert "run on none of the GPUs" in info_tool.cuda_kernels_state(RECORD_FOR_13, 13000, ["a T4", "a V100"])
+    assert info_tool.cuda_kernels_state(RECORD_FOR_13, 13000, ["a T4", None]) == "True"  # one GPU runs them
+
+
+def test_info_reports_a_gpu_outside_the_build(monkeypatch, torch_with):
+    torch_with(kernels_loaded=True, cuda="13.0")
+    monkeypatch.setattr(info_tool, "build_info", lambda: RECORD_FOR_13)
+    monkeypatch.setattr(info_tool, "cuda_driver_version", lambda: 13000)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 5))
+    lines = info_tool.report()
+    assert "  CUDA kernels loaded: True, but they run on none of the GPUs (each GPU's problem follows)" in lines
+    assert "  GPU 0: Tesla T4, compute capability 7.5, runs none of the build targets" in lines
+    assert lines[-1].startswith("    problem: ") and "LINREC_CUDA_ARCHS" in lines[-1]
 
 
 @pytest.mark.cuda
@@ -84,4 +136,5 @@ def test_the_build_runs_on_this_gpu():
     result = subprocess.run([sys.executable, "-m", "linrec", "info"], capture_output=True, text=True, check=True)
     gpu_line = next(line for line in result.stdout.splitlines() if line.startswith("  GPU 0:"))
     assert "runs sm_" in gpu_line or "runs compute_" in gpu_line
+    assert "  CUDA kernels loaded: True" in result.stdout.splitlines()
     assert "problem:" not in result.stdout
