@@ -291,14 +291,14 @@ def test_bad_inputs(kind):
         layer(x[0])
     with pytest.raises(ValueError, match=rf"x must have {size}={IN} in its last dim, got shape \[3, 4, 4\]"):
         layer(x[..., :4])
-    with pytest.raises(ValueError, match=r"x must be float32, float64, bfloat16 or float16, got torch.int64"):
+    with pytest.raises(TypeError, match=r"x must be torch.float32, torch.float64, torch.bfloat16 or torch.float16, got torch.int64"):
         layer(x.long())
     with pytest.raises(ValueError, match=r"x must be on the device of the layer's parameters \(cpu\), got meta"):
         layer(x.to("meta"))
     with pytest.raises(ValueError, match=rf"state must have shape \[3, {state_size}\] \(batch, \w+\), got \[2, {state_size}\]"):
         layer(x, state[:2])
     wrong = torch.float64 if kind != "lru" else torch.complex128
-    with pytest.raises(ValueError, match=rf"state must have dtype {state_dtype} \(for inputs of this dtype\), got {wrong}"):
+    with pytest.raises(TypeError, match=rf"state must have dtype {state_dtype} \(for inputs of this dtype\), got {wrong}"):
         layer(x, state.to(wrong))
     with pytest.raises(ValueError, match=r"state must be on the device of the inputs \(cpu\), got meta"):
         layer(x, state.to("meta"))

@@ -267,6 +267,42 @@ def test_gae_lambda_one_and_zero(device, seed):
                                gae(rewards, values, torch.zeros_like(dones), 0.95, 0.7).advantages)
 
 
+def cleanrl_gae(rewards, values, dones, next_value, next_done, gamma, lam):
+    """CleanRL's PPO advantage loop (ppo.py), as written there: ``dones[t]`` true means ``obs[t]`` starts a new
+    episode, ``next_done`` is the done of the observation after the rollout, ``next_value`` its value."""
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * lam * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+def test_cleanrl_buffer_after_the_documented_shift(device, seed):
+    """A CleanRL (and SB3: episode_starts) buffer marks where episodes start; shifted by one step as the module's
+    docstring says, gae gives CleanRL's advantages and returns. Unshifted, it does not."""
+    rewards = torch.randn(T, ENVS, dtype=torch.float64, device=device)
+    values = torch.randn(T, ENVS, dtype=torch.float64, device=device)
+    dones = (torch.rand(T, ENVS, device=device) < 0.2).double()  # float 0/1, as CleanRL stores them
+    next_value = torch.randn(1, ENVS, dtype=torch.float64, device=device)  # agent.get_value(next_obs).reshape(1, -1)
+    next_done = (torch.rand(ENVS, device=device) < 0.5).double()
+    expected = cleanrl_gae(rewards, values, dones, next_value, next_done, gamma=0.99, lam=0.95)
+
+    shifted = torch.cat([dones[1:], next_done[None]])
+    advantages, returns = gae(rewards, torch.cat([values, next_value.reshape(1, -1)]), shifted, gamma=0.99, lam=0.95)
+    torch.testing.assert_close(advantages, expected[0])
+    torch.testing.assert_close(returns, expected[1])
+    unshifted = gae(rewards, torch.cat([values, next_value]), dones, gamma=0.99, lam=0.95).advantages
+    assert not torch.allclose(unshifted, expected[0])
+
+
 def test_dtypes_and_devices(device, seed):
     rewards = random_values((T, ENVS), torch.float32, device)
     values = random_values((T + 1, ENVS), torch.float64, device)
@@ -353,13 +389,14 @@ def test_dim_out_of_range(call, match):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: discounted_returns(torch.zeros(5, 3, dtype=torch.int64), 0.9), r"rewards must be float32, .* got torch.int64"),
+    (lambda: discounted_returns(torch.zeros(5, 3, dtype=torch.int64), 0.9), r"rewards must be torch.float32, torch.float64, torch.float16 or torch.bfloat16, got torch.int64"),
     (lambda: discounted_returns([1.0, 2.0], 0.9), r"rewards must be a torch.Tensor, got list"),
-    (lambda: gae(REWARDS, VALUES.long(), None, 0.9, 0.9), r"values must be float32, .* got torch.int64"),
+    (lambda: gae(REWARDS, VALUES.long(), None, 0.9, 0.9), r"values must be torch.float32, .* got torch.int64"),
     (lambda: discounted_returns(REWARDS, "0.9"), r"gamma must be a number in \[0, 1\] or a tensor, got str"),
     (lambda: discounted_returns(REWARDS, True), r"gamma must be a number in \[0, 1\] or a tensor, got bool"),
     (lambda: gae(REWARDS, VALUES, None, 0.9, torch.tensor(1)), r"lam must be a number or a floating-point tensor"),
     (lambda: discounted_returns(REWARDS, 0.9, dim=0.0), r"dim must be an int, got float"),
+    (lambda: discounted_returns(REWARDS, 0.9, dim=True), r"dim must be an int, got bool"),
     (lambda: discounted_returns(REWARDS, 0.9, dones=[0, 1]), r"dones must be a torch.Tensor or None, got list"),
     (lambda: discounted_returns(REWARDS, 0.9, bootstrap="v"), r"bootstrap must be a tensor, a number or None"),
 ])

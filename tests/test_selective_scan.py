@@ -367,7 +367,7 @@ def test_bad_arguments(seed, change, error, match):
     arguments = _bad(change)()
     with pytest.raises(error, match=match) as raised:
         linrec.selective_scan(**arguments)
-    assert str(raised.value).startswith("selective_scan: ")
+    assert str(raised.value).startswith("linrec.selective_scan: ")
 
 
 def test_interleaved_complex_A_needs_twice_the_length(seed):

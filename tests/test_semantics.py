@@ -300,3 +300,118 @@ def test_float32_accuracy_with_decays_near_one(device, seed, coeffs_kind, rows, 
     loop_error = error(sequential_loop(inputs, coeffs, torch.float32))
     outputs = linrec.linrec(inputs.to(device), coeffs.to(device), backend=backend)
     assert error(outputs) <= 3 * loop_error, f"error {error(outputs):.3g}, the float32 loop's {loop_error:.3g}"
+
+
+# --- last_states: the state each sequence ends in -----------------------------------------------------------
+
+# Empty sequences first, in the middle (twice in a row) and last; one of a single step.
+OFFSETS = [0, 0, 4, 4, 4, 5, 9, 9]
+
+
+def _expected_last_states(outputs, offsets, dim, reverse, initial):
+    """Each sequence's last output along dim (its first with reverse), or its initial row (zeros) when empty."""
+    states = []
+    for sequence, (begin, end) in enumerate(zip(offsets, offsets[1:])):
+        if begin == end:
+            empty = torch.zeros_like(outputs.select(dim, 0).squeeze(0)) if initial is None else initial[sequence]
+            states.append(empty)
+        else:
+            states.append(outputs.select(dim, begin if reverse else end - 1).squeeze(0))
+    return torch.stack(states)
+
+
+@pytest.mark.parametrize("shape, dim", [((1, 9), 1), ((1, 9, 3), 1), ((1, 2, 9), 2), ((1, 2, 9, 3), -2)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("with_initial", [False, True])
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_last_states_of_packed_sequences(device, seed, shape, dim, reverse, with_initial, offsets_dtype):
+    inputs, coeffs = random_values(shape, torch.float64, device), uniform(shape, 0.5, 1.0, torch.float64).to(device)
+    cu_seqlens = torch.tensor(OFFSETS, dtype=offsets_dtype, device=device)
+    state_shape = [len(OFFSETS) - 1, *[size for d, size in enumerate(shape[1:], 1) if d != dim % len(shape)]]
+    initial = random_values(state_shape, torch.float64, device) if with_initial else None
+    outputs = linrec.linrec(inputs, coeffs, dim=dim, reverse=reverse, initial=initial, cu_seqlens=cu_seqlens)
+    states = linrec.last_states(outputs, cu_seqlens, dim=dim, reverse=reverse, initial=initial)
+    expected = _expected_last_states(outputs, OFFSETS, dim % len(shape), reverse, initial)
+    assert states.shape == tuple(state_shape)
+    torch.testing.assert_close(states, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("split", [0, 3, 10])
+def test_last_states_continue_the_recurrence(device, seed, dim, reverse, split):
+    """Without cu_seqlens every row is a sequence: the last states of the scan's first `split` steps, passed
+    as the initial state of the rest, continue the recurrence (an empty first chunk's are zeros)."""
+    shape = [4, 5]
+    shape[dim] = 10
+    inputs, coeffs = random_values(shape, torch.float64, device), uniform(shape, 0.5, 1.0, torch.float64).to(device)
+    whole = linrec.linrec(inputs, coeffs, dim=dim, reverse=reverse)
+    first_start, rest_start = (10 - split, 0) if reverse else (0, split)
+    first = [tensor.narrow(dim, first_start, split) for tensor in (inputs, coeffs)]
+    rest = [tensor.narrow(dim, rest_start, 10 - split) for tensor in (inputs, coeffs)]
+    state = linrec.last_states(linrec.linrec(*first, dim=dim, reverse=reverse), dim=dim, reverse=reverse)
+    assert state.shape == tuple(size for d, size in enumerate(shape) if d != dim % 2)
+    tail = linrec.linrec(*rest, dim=dim, reverse=reverse, initial=state)
+    torch.testing.assert_close(tail, whole.narrow(dim, rest_start, 10 - split))
+
+
+def test_last_states_of_empty_outputs_are_the_initial_states(device):
+    initial = torch.randn(3, 2, device=device)
+    outputs = torch.empty(1, 0, 2, device=device)
+    cu_seqlens = torch.zeros(4, dtype=torch.int64, device=device)
+    assert torch.equal(linrec.last_states(outputs, cu_seqlens, dim=1, initial=initial), initial)
+    assert torch.equal(linrec.last_states(outputs, cu_seqlens, dim=1), torch.zeros(3, 2, device=device))
+    assert torch.equal(linrec.last_states(torch.empty(3, 0, 2, device=device), dim=1), torch.zeros(3, 2, device=device))
+    # In outputs' dtype, in memory of their own.
+    state = linrec.last_states(outputs.bfloat16(), cu_seqlens, dim=1, initial=initial)
+    assert state.dtype == torch.bfloat16 and state.data_ptr() != initial.data_ptr()
+
+
+def test_last_states_gradients(device, seed):
+    outputs = random_values((1, 9, 2), torch.float64, device, requires_grad=True)
+    initial = random_values((7, 2), torch.float64, device, requires_grad=True)
+    cu_seqlens = torch.tensor(OFFSETS, device=device)
+    assert torch.autograd.gradcheck(
+        lambda outputs, initial: linrec.last_states(outputs, cu_seqlens, dim=1, initial=initial), (outputs, initial))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda y: linrec.last_states(torch.tensor(1.0)), ValueError, r"outputs must have at least one dim"),
+    (lambda y: linrec.last_states(y, dim=3), IndexError, r"dim must be in \[-3, 2\] for a 3-dim tensor, got 3"),
+    (lambda y: linrec.last_states(y, dim=1.0), TypeError, r"dim must be an int, got float"),
+    (lambda y: linrec.last_states(y, reverse=1), TypeError, r"reverse must be a bool, got int"),
+    (lambda y: linrec.last_states(y, [0, 9], dim=1), TypeError, r"cu_seqlens must be a torch.Tensor, got list"),
+    (lambda y: linrec.last_states(y, torch.tensor([[0, 9]]), dim=1), ValueError,
+     r"cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape \[1, 2\]"),
+    (lambda y: linrec.last_states(y, torch.tensor([0, 4, 8]), dim=1), ValueError,
+     r"cu_seqlens must end at the length of the time dim \(9\), got 8"),
+    (lambda y: linrec.last_states(y, torch.tensor([0, 5, 4, 9]), dim=1), ValueError, r"cu_seqlens must be non-decreasing"),
+    (lambda y: linrec.last_states(y[0], torch.tensor([0, 9]), dim=0), ValueError,
+     r"with cu_seqlens, outputs packs its sequences along dim 0 .* x.unsqueeze\(0\) with dim=1$"),
+    (lambda y: linrec.last_states(y, torch.tensor([0, 9]), dim=1, initial=torch.zeros(2, 2)), ValueError,
+     r"initial must have shape \[1, 2\] \(the shape of outputs without the time dim, dim 0 counting the cu_seqlens "
+     r"sequences\), got \[2, 2\]"),
+    (lambda y: linrec.last_states(y, dim=1, initial=torch.zeros(1, 2, dtype=torch.float64)), TypeError,
+     r"initial must have the dtype of outputs \(torch.float32\), got torch.float64"),
+    (lambda y: linrec.last_states(y, dim=1, initial=torch.zeros(1, 2, device="meta")), ValueError,
+     r"initial must be on the device of outputs \(cpu\), got meta"),
+])
+def test_last_states_errors(call, error, message):
+    with pytest.raises(error, match="^linrec.last_states: " + message):
+        call(torch.zeros(1, 9, 2))
+
+
+def test_scan_docstring_examples():
+    import doctest
+    import linrec.scan
+
+    assert doctest.testmod(linrec.scan, extraglobs={"torch": torch}, raise_on_error=True).attempted > 0
+
+
+def test_last_states_compile(device, seed):
+    """torch.compile traces last_states whole (the offsets' values are checked in eager mode only)."""
+    outputs, initial = torch.randn(1, 9, 2, device=device), torch.randn(7, 2, device=device)
+    cu_seqlens = torch.tensor(OFFSETS, device=device)
+    compiled = torch.compile(linrec.last_states, fullgraph=True)
+    expected = linrec.last_states(outputs, cu_seqlens, dim=1, initial=initial)
+    assert torch.equal(compiled(outputs, cu_seqlens, dim=1, initial=initial), expected)

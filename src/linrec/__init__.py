@@ -5,12 +5,15 @@
 >>> y = linrec.linrec(x, c)                      # scans the last dim
 >>> y_rev = linrec.linrec(x, c, reverse=True)    # from the last element to the first
 >>> y_btc = linrec.linrec(x.T, c.T, dim=0)        # any dim is time, strided views are read in place
+
+Bad arguments raise TypeError, IndexError or ValueError by one convention across the package, stated in
+src/linrec/_core/checks.py.
 """
 
 from ._core.library import HAS_CUDA_KERNELS
 from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
-from .scan import BACKENDS, linrec
+from .scan import BACKENDS, last_states, linrec
 from .ssm import selective_scan
 from . import distributed, nn, rl, ssm
 
@@ -20,6 +23,7 @@ __all__ = [
     "REFERENCES",
     "__version__",
     "distributed",
+    "last_states",
     "linrec",
     "linrec_heinsen",
     "linrec_hop",
@@ -30,3 +34,8 @@ __all__ = [
     "selective_scan",
     "ssm",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public names: the modules the package imports for its own use (scan, reference, _core) stay out."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__") and name.endswith("__"))})

@@ -33,7 +33,7 @@ from ._core.autograd import (
     forward_tangent_operand,
     save_for_forward,
 )
-from ._core.checks import SUPPORTED_DTYPES, check_argument_types, check_arguments, initial_shape
+from ._core.checks import SUPPORTED_DTYPES, check_arguments, initial_shape, type_name, typed_arguments
 from ._core.steps import previous_step
 from .reference import compute_dtype  # the maps are composed in the kernels' accumulation type
 
@@ -50,7 +50,7 @@ _all_gather_into = getattr(dist, "all_gather_single", None) or getattr(dist, "al
 
 def linrec(
     inputs: torch.Tensor,
-    coeffs: torch.Tensor,
+    coeffs: torch.Tensor | float,
     dim: int = -1,
     reverse: bool = False,
     initial: torch.Tensor | None = None,
@@ -69,7 +69,7 @@ def linrec(
     Args:
         inputs: this rank's chunk of the additive terms.
         coeffs: this rank's chunk of the coefficients, or coefficients that broadcast along time (size 1
-            along ``dim``, or fewer dims), shared by every rank.
+            along ``dim``, or fewer dims, a Python number among them), shared by every rank.
         dim: the time dim.
         reverse: the recurrence runs from the last rank's last step to the first rank's first step.
         initial: the state before the whole sequence's first step, passed on every rank (the first
@@ -87,10 +87,13 @@ def linrec(
     work; second derivatives raise ``NotImplementedError``.
     """
     group = _process_group(group)
-    if not torch.compiler.is_compiling():
-        problem = _argument_types_problem(inputs, coeffs, dim, reverse, initial, log_coeffs)
-        if problem is not None:  # the op cannot take these: the other ranks still wait in the check
+    try:
+        coeffs, dim, reverse, log_coeffs = typed_arguments(_OP, inputs, coeffs, dim, reverse, initial, None,
+                                                           log_coeffs)
+    except TypeError as problem:  # the op cannot take these: the other ranks still wait in the check
+        if not torch.compiler.is_compiling():
             _agree(problem, _local_record(None), _exchange_device(inputs, group), group)
+        raise
     return _FORWARD(inputs, coeffs, initial, dim, reverse, log_coeffs, group.group_name)[0]
 
 
@@ -104,22 +107,13 @@ def _process_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         raise ValueError(f"{_OP}: this rank is not a member of group (torch.distributed.new_group left it out)")
     if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"{_OP}: group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
+        raise TypeError(f"{_OP}: group must be a torch.distributed.ProcessGroup or None, got {type_name(group)}")
     return group
 
 
 def _resolve(group_name: str) -> dist.ProcessGroup:
     """The group the ops name (ops take strings, not process groups), as torch's functional collectives do."""
     return dist.distributed_c10d._resolve_process_group(group_name)
-
-
-def _argument_types_problem(inputs, coeffs, dim, reverse, initial, log_coeffs) -> Exception | None:
-    """What the op's schema refuses before its kernel runs (and so before the ranks' check)."""
-    try:
-        check_argument_types(_OP, inputs, coeffs, dim, reverse, initial, None, log_coeffs)
-    except TypeError as error:
-        return error
-    return None
 
 
 # ----- the check that the ranks' chunks line up ---------------------------------------------------------

@@ -10,6 +10,9 @@ in one ``linrec`` call along dim 1. All share one interface:
 - ``y_t, state = layer.step(x_t, state=None)``: one time step on ``x_t`` of shape (batch, channels),
   for autoregressive generation; stepping through a sequence gives the outputs of one full call.
 
+Bad arguments raise TypeError (a wrong type or dtype) or ValueError (a wrong value, shape or device),
+their messages starting with the layer's name (``linrec.nn.MinGRU: ...``), as everywhere in linrec.
+
 16-bit inputs (float16, bfloat16): the layers compute their decays in float32 and pass them to
 ``linrec`` in float32, since bfloat16 stores a decay of 0.999 as 1.0 (no forgetting at all); the
 terms the decays multiply, the outputs and the state stay in the dtype of ``x`` (LRU: complex64, as
@@ -36,10 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._core.checks import as_positive_int, check_device, check_dtype, check_tensor
 from .reference import compute_dtype
-from .scan import linrec
+from .scan import final_states, linrec
 
 __all__ = ["EMA", "LRU", "MinGRU"]
+
+# The layers' names in their messages.
+_EMA, _MIN_GRU, _LRU = "linrec.nn.EMA", "linrec.nn.MinGRU", "linrec.nn.LRU"
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -49,8 +56,7 @@ _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 def _check_x(layer: str, name: str, x: object, dims: str, size_name: str, size: int, device: torch.device) -> None:
     """``x`` must be a floating tensor of ``len(dims)`` dims, its last of ``size``, on ``device``."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{layer}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor(layer, name, x)
     ndim = dims.count(",") + 1
     if x.dim() != ndim:
         raise ValueError(
@@ -60,32 +66,19 @@ def _check_x(layer: str, name: str, x: object, dims: str, size_name: str, size: 
         raise ValueError(
             f"{layer}: {name} must have {size_name}={size} in its last dim, got shape {list(x.shape)}"
         )
-    if x.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"{layer}: {name} must be float32, float64, bfloat16 or float16, got {x.dtype}")
-    if x.device != device:
-        raise ValueError(f"{layer}: {name} must be on the device of the layer's parameters ({device}), got {x.device}")
+    check_dtype(layer, name, x, _FLOAT_DTYPES)
+    check_device(layer, name, x, "the layer's parameters", device)
 
 
 def _check_state(layer: str, state: object, shape: tuple[int, ...], what: str, dtype: torch.dtype,
                  device: torch.device) -> None:
     """``state`` must be a tensor of ``shape`` (described by ``what``), ``dtype`` and ``device``."""
-    if not isinstance(state, torch.Tensor):
-        raise TypeError(f"{layer}: state must be a torch.Tensor or None, got {type(state).__name__}")
+    check_tensor(layer, "state", state, or_none=True)
     if tuple(state.shape) != tuple(shape):
         raise ValueError(f"{layer}: state must have shape {list(shape)} ({what}), got {list(state.shape)}")
     if state.dtype != dtype:
-        raise ValueError(f"{layer}: state must have dtype {dtype} (for inputs of this dtype), got {state.dtype}")
-    if state.device != device:
-        raise ValueError(f"{layer}: state must be on the device of the inputs ({device}), got {state.device}")
-
-
-def _final_state(outputs: torch.Tensor, state: torch.Tensor | None, batch: int, size: int) -> torch.Tensor:
-    """The state after the last step: the last output, or the state passed in for an empty sequence."""
-    if outputs.shape[1] > 0:
-        return outputs[:, -1]
-    if state is not None:
-        return state
-    return outputs.new_zeros(batch, size)
+        raise TypeError(f"{layer}: state must have dtype {dtype} (for inputs of this dtype), got {state.dtype}")
+    check_device(layer, "state", state, "the inputs", device)
 
 
 def _wide_dtype(*dtypes: torch.dtype) -> torch.dtype:
@@ -146,11 +139,10 @@ class EMA(nn.Module):
     def __init__(self, channels: int, min_decay: float = 0.5, max_decay: float = 0.99, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if not (isinstance(channels, int) and channels > 0):
-            raise ValueError(f"EMA: channels must be a positive int, got {channels!r}")
+        channels = as_positive_int(_EMA, "channels", channels)
         if not 0.0 < min_decay <= max_decay < 1.0:
             raise ValueError(
-                f"EMA: need 0 < min_decay <= max_decay < 1, got min_decay={min_decay}, max_decay={max_decay}"
+                f"{_EMA}: need 0 < min_decay <= max_decay < 1, got min_decay={min_decay}, max_decay={max_decay}"
             )
         self.channels = channels
         self.min_decay, self.max_decay = min_decay, max_decay
@@ -182,18 +174,18 @@ class EMA(nn.Module):
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Averages ``x`` (batch, time, C) over time, from ``state`` (batch, C) or zeros; returns
         ``(y, new_state)``."""
-        _check_x("EMA", "x", x, "batch, time, channels", "channels", self.channels, self.decay_logit.device)
+        _check_x(_EMA, "x", x, "batch, time, channels", "channels", self.channels, self.decay_logit.device)
         if state is not None:
-            _check_state("EMA", state, (x.shape[0], self.channels), "batch, channels", x.dtype, x.device)
+            _check_state(_EMA, state, (x.shape[0], self.channels), "batch, channels", x.dtype, x.device)
         log_a, one_minus_a = self._terms(x.dtype)
         y = linrec(one_minus_a * x, log_a, dim=1, initial=state, log_coeffs=True)
-        return y, _final_state(y, state, x.shape[0], self.channels)
+        return y, final_states(y, None, dim=1, reverse=False, initial=state)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One time step: ``x_t`` (batch, C) and ``state`` (batch, C) or None; returns ``(y_t, y_t)``."""
-        _check_x("EMA", "x_t", x_t, "batch, channels", "channels", self.channels, self.decay_logit.device)
+        _check_x(_EMA, "x_t", x_t, "batch, channels", "channels", self.channels, self.decay_logit.device)
         if state is not None:
-            _check_state("EMA", state, (x_t.shape[0], self.channels), "batch, channels", x_t.dtype, x_t.device)
+            _check_state(_EMA, state, (x_t.shape[0], self.channels), "batch, channels", x_t.dtype, x_t.device)
         log_a, one_minus_a = self._terms(x_t.dtype)
         y = _scan_step(log_a, state, one_minus_a * x_t, log_coeffs=True)
         return y, y
@@ -247,9 +239,8 @@ class MinGRU(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if not (isinstance(value, int) and value > 0):
-                raise ValueError(f"MinGRU: {name} must be a positive int, got {value!r}")
+        input_size = as_positive_int(_MIN_GRU, "input_size", input_size)
+        hidden_size = as_positive_int(_MIN_GRU, "hidden_size", hidden_size)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.proj = nn.Linear(input_size, 2 * hidden_size, bias=bias, device=device, dtype=dtype)
 
@@ -269,19 +260,19 @@ class MinGRU(nn.Module):
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Runs over ``x`` (batch, time, input_size) from ``state`` (batch, hidden_size) or zeros; returns
         ``(h, new_state)``."""
-        _check_x("MinGRU", "x", x, "batch, time, input_size", "input_size", self.input_size, self.proj.weight.device)
+        _check_x(_MIN_GRU, "x", x, "batch, time, input_size", "input_size", self.input_size, self.proj.weight.device)
         if state is not None:
-            _check_state("MinGRU", state, (x.shape[0], self.hidden_size), "batch, hidden_size", x.dtype, x.device)
+            _check_state(_MIN_GRU, state, (x.shape[0], self.hidden_size), "batch, hidden_size", x.dtype, x.device)
         log_coeffs, inputs = self._terms(x)
         h = linrec(inputs, log_coeffs, dim=1, initial=state, log_coeffs=True)
-        return h, _final_state(h, state, x.shape[0], self.hidden_size)
+        return h, final_states(h, None, dim=1, reverse=False, initial=state)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One time step: ``x_t`` (batch, input_size) and ``state`` (batch, hidden_size) or None; returns
         ``(h_t, h_t)``."""
-        _check_x("MinGRU", "x_t", x_t, "batch, input_size", "input_size", self.input_size, self.proj.weight.device)
+        _check_x(_MIN_GRU, "x_t", x_t, "batch, input_size", "input_size", self.input_size, self.proj.weight.device)
         if state is not None:
-            _check_state("MinGRU", state, (x_t.shape[0], self.hidden_size), "batch, hidden_size", x_t.dtype,
+            _check_state(_MIN_GRU, state, (x_t.shape[0], self.hidden_size), "batch, hidden_size", x_t.dtype,
                          x_t.device)
         log_coeffs, inputs = self._terms(x_t)
         h = _scan_step(log_coeffs, state, inputs, log_coeffs=True)
@@ -334,13 +325,12 @@ class LRU(nn.Module):
                  max_phase: float = 2 * math.pi, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        for name, value in (("input_size", input_size), ("state_size", state_size)):
-            if not (isinstance(value, int) and value > 0):
-                raise ValueError(f"LRU: {name} must be a positive int, got {value!r}")
+        input_size = as_positive_int(_LRU, "input_size", input_size)
+        state_size = as_positive_int(_LRU, "state_size", state_size)
         if not 0.0 <= r_min < r_max <= 1.0:
-            raise ValueError(f"LRU: need 0 <= r_min < r_max <= 1, got r_min={r_min}, r_max={r_max}")
+            raise ValueError(f"{_LRU}: need 0 <= r_min < r_max <= 1, got r_min={r_min}, r_max={r_max}")
         if not max_phase > 0:
-            raise ValueError(f"LRU: max_phase must be positive, got {max_phase}")
+            raise ValueError(f"{_LRU}: max_phase must be positive, got {max_phase}")
         self.input_size, self.state_size = input_size, state_size
         self.r_min, self.r_max, self.max_phase = r_min, r_max, max_phase
         factory = dict(device=device, dtype=dtype)
@@ -395,10 +385,10 @@ class LRU(nn.Module):
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Runs over ``x`` (batch, time, input_size) from ``state`` (batch, state_size, complex) or zeros;
         returns ``(y, new_state)``."""
-        _check_x("LRU", "x", x, "batch, time, input_size", "input_size", self.input_size, self.nu_log.device)
+        _check_x(_LRU, "x", x, "batch, time, input_size", "input_size", self.input_size, self.nu_log.device)
         complex_dtype = self.state_dtype(x.dtype)
         if state is not None:
-            _check_state("LRU", state, (x.shape[0], self.state_size), "batch, state_size", complex_dtype, x.device)
+            _check_state(_LRU, state, (x.shape[0], self.state_size), "batch, state_size", complex_dtype, x.device)
         lam, gamma_b, c = self._weights(x.dtype)
         batch, time = x.shape[:2]
         x_wide = x.to(gamma_b.dtype)
@@ -407,15 +397,15 @@ class LRU(nn.Module):
         h = linrec(inputs, lam, dim=1, initial=state)
         # Re(C h) = Re C Re h - Im C Im h: one real product over the interleaved (Re h, Im h) pairs
         y = torch.view_as_real(h).flatten(2, 3) @ c.T + self.D.to(x_wide.dtype) * x_wide
-        return y.to(x.dtype), _final_state(h, state, batch, self.state_size)
+        return y.to(x.dtype), final_states(h, None, dim=1, reverse=False, initial=state)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One time step: ``x_t`` (batch, input_size) and ``state`` (batch, state_size, complex) or None;
         returns ``(y_t, h_t)``."""
-        _check_x("LRU", "x_t", x_t, "batch, input_size", "input_size", self.input_size, self.nu_log.device)
+        _check_x(_LRU, "x_t", x_t, "batch, input_size", "input_size", self.input_size, self.nu_log.device)
         complex_dtype = self.state_dtype(x_t.dtype)
         if state is not None:
-            _check_state("LRU", state, (x_t.shape[0], self.state_size), "batch, state_size", complex_dtype,
+            _check_state(_LRU, state, (x_t.shape[0], self.state_size), "batch, state_size", complex_dtype,
                          x_t.device)
         lam, gamma_b, c = self._weights(x_t.dtype)
         x_wide = x_t.to(gamma_b.dtype)

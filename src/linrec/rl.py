@@ -11,6 +11,21 @@ differentiable in every floating-point argument.
 tensor([1.5000, 1.0000, 1.7500, 1.5000, 1.0000])
 >>> values = torch.zeros(6, 2)                                  # V(s_0), ..., V(s_5): length T + 1
 >>> advantages, returns = linrec.rl.gae(rewards, values, dones, gamma=0.5, lam=1.0)
+
+The ``dones`` convention, and CleanRL's and Stable-Baselines3's
+-----------------------------------------------------------------
+Here ``dones[t]`` true means the episode ended *after step t*: ``rewards[t]`` was its last reward, and
+nothing after step t reaches step t. CleanRL's PPO buffers store the other convention: ``dones[t]`` true
+means ``obs[t]`` *starts* a new episode (the step before it ended one), with ``next_done`` for the step
+after the rollout; Stable-Baselines3's ``RolloutBuffer`` stores the same as ``episode_starts``, with the
+last step's ``dones`` passed to ``compute_returns_and_advantage``. Passed unchanged, such a buffer raises
+nothing and gives wrong advantages. Shift it by one step first::
+
+    dones = torch.cat([dones[1:], next_done[None]])             # CleanRL: (time, envs) buffers
+    dones = torch.cat([episode_starts[1:], last_dones[None]])   # SB3's names, as tensors
+
+and pass the values with the bootstrap value appended, ``torch.cat([values, next_value.reshape(1, -1)])``:
+``gae(rewards, values, dones, gamma, lam)`` then gives CleanRL's ``advantages`` and ``returns``.
 """
 
 from __future__ import annotations
@@ -20,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._core.checks import normalize_dim
+from ._core.checks import check_device, check_dtype, check_tensor, is_broadcastable, normalize_dim, type_name
 from .scan import linrec
 
 __all__ = ["GAE", "discounted_returns", "gae"]
@@ -63,8 +78,10 @@ def discounted_returns(
             ``(envs, 1)`` for ``(envs, time)``), differentiable; tensor values are not range-checked.
         dones: where episodes end, of ``rewards``' shape or broadcastable to it, bool (or 0/1 numbers):
             ``dones[t]`` true means the episode ended after step t, so ``G[t] = rewards[t]`` and nothing
-            flows back across it. ``None``: no episode ends in the rollout. A time-limit truncation is a
-            done too; to bootstrap it, add ``gamma * V(final observation)`` to that step's reward.
+            flows back across it (not CleanRL's or SB3's "obs[t] starts an episode": the module's
+            docstring gives the one-line shift). ``None``: no episode ends in the rollout. A time-limit
+            truncation is a done too; to bootstrap it, add ``gamma * V(final observation)`` to that
+            step's reward.
         dim: the time dim; the default 0 fits rollouts stored as ``(time, envs, ...)``.
         bootstrap: the value of the state after the last step (the critic's estimate where the rollout
             was cut), of ``rewards``' shape without ``dim`` (or broadcastable to it), or a number;
@@ -126,7 +143,9 @@ def gae(
             take the dtype of ``rewards`` and ``values`` promoted together.
         dones: where episodes end, of ``rewards``' shape or broadcastable to it, bool (or 0/1 numbers):
             ``dones[t]`` true means the episode ended after step t, so neither V[t+1] nor A[t+1] reaches
-            step t. ``None``: no episode ends in the rollout.
+            step t. CleanRL's and SB3's buffers mark the step that starts an episode instead: shift
+            them with ``dones = torch.cat([dones[1:], next_done[None]])`` (the module's docstring has
+            the details). ``None``: no episode ends in the rollout.
         gamma: the discount, a Python number in [0, 1] or a floating-point tensor that broadcasts to
             ``rewards`` (per environment, ...), differentiable; tensor values are not range-checked.
         lam: the GAE lambda, in [0, 1], a number or a tensor like ``gamma``.
@@ -155,7 +174,7 @@ def gae(
     _check_floating(op, "rewards", rewards)
     dim = _time_dim(op, dim, rewards)
     _check_floating(op, "values", values)
-    _check_device(op, "values", values, rewards)
+    check_device(op, "values", values, "rewards", rewards.device)
     length = rewards.shape[dim]
     expected = list(rewards.shape)
     if values.dim() != rewards.dim() or any(
@@ -188,20 +207,9 @@ def _shape(shape) -> str:
     return "(" + ", ".join(str(size) for size in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _broadcastable(shape: torch.Size, to: torch.Size) -> bool:
-    return len(shape) <= len(to) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(to)))
-
-
 def _check_floating(op: str, name: str, tensor: object) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, float64, float16 or bfloat16, got {tensor.dtype}")
-
-
-def _check_device(op: str, name: str, tensor: torch.Tensor, rewards: torch.Tensor) -> None:
-    if tensor.device != rewards.device:
-        raise ValueError(f"{op}: {name} must be on the device of rewards ({rewards.device}), got {tensor.device}")
+    check_tensor(op, name, tensor)
+    check_dtype(op, name, tensor, _FLOAT_DTYPES)
 
 
 def _time_dim(op: str, dim: object, rewards: torch.Tensor) -> int:
@@ -216,15 +224,15 @@ def _discount(op: str, name: str, value: object, rewards: torch.Tensor, dtype: t
         if not value.is_floating_point():
             raise TypeError(f"{op}: {name} must be a number or a floating-point tensor, got a {value.dtype} tensor")
         if value.dim() > 0:  # a 0-dim tensor may live on the CPU, as in torch's arithmetic
-            _check_device(op, name, value, rewards)
-        if not _broadcastable(value.shape, rewards.shape):
+            check_device(op, name, value, "rewards", rewards.device)
+        if not is_broadcastable(value.shape, rewards.shape):
             raise ValueError(
                 f"{op}: {name} must be a number or a tensor broadcastable to the shape of rewards "
                 f"{_shape(rewards.shape)}, got shape {_shape(value.shape)}"
             )
         return value.to(device=rewards.device, dtype=dtype)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{op}: {name} must be a number in [0, 1] or a tensor, got {type(value).__name__}")
+        raise TypeError(f"{op}: {name} must be a number in [0, 1] or a tensor, got {type_name(value)}")
     value = float(value)
     if not 0.0 <= value <= 1.0:  # NaN fails too
         raise ValueError(f"{op}: {name} must be in [0, 1], got {value}")
@@ -233,14 +241,13 @@ def _discount(op: str, name: str, value: object, rewards: torch.Tensor, dtype: t
 
 def _continues(op: str, dones: object, rewards: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     """``1 - dones`` in ``dtype``: 1 where the episode goes on after the step, 0 where it ends."""
+    check_tensor(op, "dones", dones, or_none=True)
     if dones is None:
         return None
-    if not isinstance(dones, torch.Tensor):
-        raise TypeError(f"{op}: dones must be a torch.Tensor or None, got {type(dones).__name__}")
     if dones.is_complex():
         raise TypeError(f"{op}: dones must be bool (or 0/1 numbers), got {dones.dtype}")
-    _check_device(op, "dones", dones, rewards)
-    if not _broadcastable(dones.shape, rewards.shape):
+    check_device(op, "dones", dones, "rewards", rewards.device)
+    if not is_broadcastable(dones.shape, rewards.shape):
         raise ValueError(
             f"{op}: dones must have the shape of rewards {_shape(rewards.shape)} or one broadcastable to it, "
             f"got {_shape(dones.shape)}"
@@ -258,13 +265,13 @@ def _bootstrap(op: str, bootstrap: object, rewards: torch.Tensor, dim: int, dtyp
     if isinstance(bootstrap, torch.Tensor):
         if not bootstrap.is_floating_point():
             raise TypeError(f"{op}: bootstrap must be a floating-point tensor or a number, got {bootstrap.dtype}")
-        _check_device(op, "bootstrap", bootstrap, rewards)
-        if not _broadcastable(bootstrap.shape, state):
+        check_device(op, "bootstrap", bootstrap, "rewards", rewards.device)
+        if not is_broadcastable(bootstrap.shape, state):
             raise ValueError(
                 f"{op}: bootstrap must have the shape of rewards without dim {dim}, {_shape(state)} "
                 f"(or one broadcastable to it), got {_shape(bootstrap.shape)}"
             )
         return bootstrap.to(dtype).expand(state)
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, numbers.Real):
-        raise TypeError(f"{op}: bootstrap must be a tensor, a number or None, got {type(bootstrap).__name__}")
+        raise TypeError(f"{op}: bootstrap must be a tensor, a number or None, got {type_name(bootstrap)}")
     return torch.full(state, float(bootstrap), dtype=dtype, device=rewards.device)

@@ -13,15 +13,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._core.checks import check_cu_seqlens_values
+from ._core.checks import (
+    REAL_DTYPES,
+    as_bool,
+    check_cu_seqlens_values,
+    check_device,
+    check_dtype,
+    check_offsets,
+    check_tensor,
+)
 from ._core.selective_scan import fused, runs_fused
-from .scan import BACKENDS, linrec
+from .scan import BACKENDS, final_states, linrec
 
-_OP = "selective_scan"
+__all__ = ["SELECTIVE_SCAN_BACKENDS", "selective_scan"]
+
+_OP = "linrec.selective_scan"
 #: "auto" and "composed" run linrec's compiled kernels (fused where they apply); the others the composed scan
 #: on linrec.linrec's backend of that name.
 SELECTIVE_SCAN_BACKENDS = ("auto", "composed", *(name for name in BACKENDS if name != "auto"))
-_REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _COMPLEX = (torch.complex64, torch.complex128)
 # A complex dtype's real part (what dtype.to_real gives, which torch.compile does not trace).
 _REAL_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
@@ -111,8 +120,9 @@ def selective_scan(
     """
     if backend not in SELECTIVE_SCAN_BACKENDS:
         raise ValueError(f"{_OP}: backend must be one of {', '.join(map(repr, SELECTIVE_SCAN_BACKENDS))}, got {backend!r}")
-    batch, d, n, length = _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial,
-                                 cu_seqlens)
+    delta_softplus = as_bool(_OP, "delta_softplus", delta_softplus)
+    return_last_state = as_bool(_OP, "return_last_state", return_last_state)
+    batch, d, n, length = _check(u, delta, A, B, C, D, z, delta_bias, initial, cu_seqlens)
     real_dtype = torch.float32
     for tensor in (u, delta, A, B, C, D, z, delta_bias, initial):
         if tensor is not None:
@@ -155,7 +165,7 @@ def selective_scan(
     out = y.to(u.dtype)
     if not return_last_state:
         return out
-    return out, _last_states(states, start, cu_seqlens)
+    return out, final_states(states, cu_seqlens, dim=3, reverse=False, initial=start)
 
 
 def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens,
@@ -188,23 +198,6 @@ def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seql
                             projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), delta_softplus,
                             small(initial), None if cu_seqlens is None else cu_seqlens.contiguous())
     return out.to(u.dtype), last_state
-
-
-def _last_states(states: torch.Tensor, start: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """The state after the last step of each row, or of each packed sequence (batch 1): (rows or sequences,
-    d, n), in memory of its own (holding it does not keep the states alive). A sequence without steps
-    keeps its initial state, zeros without one."""
-    rows, d, n, length = states.shape
-    count = rows if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    empty_start = states.new_zeros(count, d, n) if start is None else start
-    if length == 0:
-        return empty_start.clone()
-    if cu_seqlens is None:
-        return states[..., -1].clone()
-    ends = cu_seqlens[1:].long()
-    gathered = states[0].index_select(-1, (ends - 1).clamp(min=0)).permute(2, 0, 1)
-    empty = (ends == cu_seqlens[:-1].long()).view(count, 1, 1)
-    return torch.where(empty, empty_start, gathered)
 
 
 def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tensor:
@@ -246,29 +239,22 @@ def _shape(tensor: torch.Tensor) -> str:
     return str(list(tensor.shape))
 
 
-def _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial=None,
-           cu_seqlens=None) -> tuple[int, int, int, int]:
-    """Checks every argument; returns (batch, d, n, length). Raises TypeError (types, dtypes) or
+def _check(u, delta, A, B, C, D, z, delta_bias, initial, cu_seqlens) -> tuple[int, int, int, int]:
+    """Checks every tensor argument; returns (batch, d, n, length). Raises TypeError (types, dtypes) or
     ValueError (shapes, devices) naming the argument, what was expected and what was given."""
     named = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias,
              "initial": initial}
     for name, tensor in named.items():
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{_OP}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor is None and name in ("u", "delta", "A", "B", "C"):
-            raise TypeError(f"{_OP}: {name} must be a torch.Tensor, got None")
-    for name, value in (("delta_softplus", delta_softplus), ("return_last_state", return_last_state)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{_OP}: {name} must be a bool, got {type(value).__name__}")
+        if tensor is not None or name in ("u", "delta", "A", "B", "C"):
+            check_tensor(_OP, name, tensor)
     for name, tensor in named.items():
         if tensor is None:
             continue
-        allowed = _REAL + _COMPLEX if name in ("A", "B", "C", "initial") else _REAL
-        if tensor.dtype not in allowed:
-            kinds = "a real or complex floating-point" if name in ("A", "B", "C", "initial") else "a real floating-point"
-            raise TypeError(f"{_OP}: {name} must be {kinds} tensor, got {tensor.dtype}")
-        if tensor.device != u.device:
-            raise ValueError(f"{_OP}: {name} must be on the device of u ({u.device}), got {tensor.device}")
+        if name in ("A", "B", "C", "initial"):
+            check_dtype(_OP, name, tensor, REAL_DTYPES + _COMPLEX, "a real or complex floating-point tensor")
+        else:
+            check_dtype(_OP, name, tensor, REAL_DTYPES, "a real floating-point tensor")
+        check_device(_OP, name, tensor, "u", u.device)
 
     if u.dim() != 3:
         raise ValueError(f"{_OP}: u must be 3-dim (batch, d, length), got shape {_shape(u)}")
@@ -287,18 +273,10 @@ def _check(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_stat
     complex_state = A.is_complex()
     sequences = batch
     if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, torch.Tensor):
-            raise TypeError(f"{_OP}: cu_seqlens must be a torch.Tensor or None, got {type(cu_seqlens).__name__}")
+        check_offsets(_OP, cu_seqlens, "u", u)
         if batch != 1:
             raise ValueError(f"{_OP}: with cu_seqlens, u must hold its sequences packed along its length with a "
                              f"batch of 1, got shape {_shape(u)}")
-        if cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{_OP}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
-            raise ValueError(f"{_OP}: cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape "
-                             f"{_shape(cu_seqlens)}")
-        if cu_seqlens.device != u.device:
-            raise ValueError(f"{_OP}: cu_seqlens must be on the device of u ({u.device}), got {cu_seqlens.device}")
         if not torch.compiler.is_compiling():
             check_cu_seqlens_values(_OP, cu_seqlens, length)
         sequences = cu_seqlens.shape[0] - 1
