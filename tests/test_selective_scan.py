@@ -676,3 +676,44 @@ def test_deterministic_mode_repeats_the_gradients(device, seed):
         runs.append(torch.autograd.grad(out, [leaves["B"], leaves["C"]], torch.ones_like(out)))
     for first, second in zip(*runs):
         assert torch.equal(first, second)
+
+
+def test_deterministic_fused_backward(device, seed):
+    """The fused backward op's deterministic mode: varying B's and C's gradients the same bits on every run and
+    the values of the default mode (atomic sums on the GPU), with groups of channels that fill one block and
+    part of another, rows split along time; a call whose gradient terms only add atomically is refused."""
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=1100, batch=2, d=70,
+                                        n=16, groups=2)
+    forward_args = [arguments[name] for name in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+    out, checkpoints, last_state = torch.ops.linrec.selective_scan_forward(*forward_args, True, None, None)
+    d_out = random_values(out.shape, out.dtype, device)
+
+    def backward(deterministic):
+        return torch.ops.linrec.selective_scan_backward(d_out, None, *forward_args, True, None, None, checkpoints,
+                                                        deterministic=deterministic)
+
+    first, second, atomic = backward(True), backward(True), backward(False)
+    for index, name in ((3, "d_B"), (4, "d_C")):
+        assert torch.equal(first[index], second[index]), name
+        assert_matches(first[index], wide(atomic[index]), torch.float32, name)
+    for index, (one, other) in enumerate(zip(first, atomic)):
+        if index not in (3, 4):
+            assert torch.equal(one, other), index
+    if device == "cuda":
+        wide_n = make_arguments(device, torch.float32, False, "grouped", "grouped", length=9, batch=1, n=65, groups=1)[0]
+        wide_args = [wide_n[name] for name in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+        wide_out, wide_checkpoints, _ = torch.ops.linrec.selective_scan_forward(*wide_args, True, None, None)
+        with pytest.raises(ValueError, match=r"deterministic sums of a varying B's or C's gradient on the GPU need .* "
+                                             r"n <= 64 and a float32 state, got n = 65"):
+            torch.ops.linrec.selective_scan_backward(torch.ones_like(wide_out), None, *wide_args, True, None, None,
+                                                     wide_checkpoints, deterministic=True)
+
+
+def test_deterministic_mode_matches_the_loop(device, seed):
+    """Under torch.use_deterministic_algorithms(True): lane-kernel calls (B and C varying with the same groups)
+    and others (n above 64, which take the composed scan on the GPU) against the loop."""
+    torch.use_deterministic_algorithms(True)
+    for n in (16, 65):
+        arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=600, batch=1,
+                                            n=n, groups=2)
+        check_against_loop(arguments, options)

@@ -31,8 +31,10 @@ STABLE_TORCH_LIBRARY(linrec, m) {
         "Tensor? cu_seqlens=None) -> (Tensor, Tensor, Tensor)");
   // Gradients of selective_scan_forward for d_out and d_last_state (None: zero):
   // (d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial), empty for absent optional arguments.
+  // deterministic: the same bits on every run (on the GPU, for varying B and C, only where B and C
+  // vary with the same groups, n <= 64 and the state is float32; an error elsewhere).
   m.def("selective_scan_backward(Tensor d_out, Tensor? d_last_state, Tensor u, Tensor delta, Tensor A, Tensor B, "
         "Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial, "
-        "Tensor? cu_seqlens, Tensor checkpoints) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-        "Tensor, Tensor)");
+        "Tensor? cu_seqlens, Tensor checkpoints, bool deterministic=False) -> (Tensor, Tensor, Tensor, Tensor, "
+        "Tensor, Tensor, Tensor, Tensor, Tensor)");
 }

@@ -69,9 +69,12 @@ def selective_scan(
     With a real ``A`` on the CPU or a GPU the build's CUDA kernels run on, the scan runs fused
     (``backend="auto"``): the state stays on chip, u, delta, z, B and C are read once and the output
     written once; only the state every 512 steps is kept for the backward, which recomputes the rest.
-    Memory is then O(batch * d * length). The fused kernels give first derivatives. Otherwise (complex
-    ``A``, ``backend="composed"``, or deterministic algorithms asked for on the GPU with a time-varying
-    B or C, whose fused gradient is summed with atomic adds), the scan is one ``linrec.linrec`` call over
+    Memory is then O(batch * d * length). The fused kernels give first derivatives. Under
+    ``torch.use_deterministic_algorithms(True)`` the fused backward on the GPU sums a time-varying B's and
+    C's gradients in a fixed order (each block of channels' sums kept apart, then added in block order)
+    where both vary with the same groups and n <= 64 in float32; other time-varying calls on the GPU, whose
+    fused gradient would be summed with atomic adds, take the composed scan then. Otherwise (complex
+    ``A``, ``backend="composed"``, or that deterministic case), the scan is one ``linrec.linrec`` call over
     the expanded state, which takes memory: its coefficients, inputs and states are each
     batch * d * n * length elements of the compute dtype, and autograd keeps the states for the
     backward. The composed scan has derivatives of every order.
@@ -128,7 +131,7 @@ def selective_scan(
         if tensor is not None:
             real_dtype = torch.promote_types(real_dtype, _REAL_PART.get(tensor.dtype, tensor.dtype))
     complex_state = A.is_complex()
-    if runs_fused(backend, u.device, complex_state, B.dim() > 2 or C.dim() > 2):
+    if runs_fused(backend, u.device, complex_state, _sums_in_fixed_order(A, B, C, real_dtype)):
         out, last_state = _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype)
         return (out, last_state) if return_last_state else out
     state_dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}[real_dtype] if complex_state else real_dtype
@@ -166,6 +169,16 @@ def selective_scan(
     if not return_last_state:
         return out
     return out, final_states(states, cu_seqlens, dim=3, reverse=False, initial=start)
+
+
+def _sums_in_fixed_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, real_dtype: torch.dtype) -> bool:
+    """Whether the fused backward on the GPU can sum the gradients of B and C in a fixed order: both fixed, or
+    both varying with the same groups (shared: one), n <= 64 and a float32 state, which the lane kernels take
+    (csrc/include/linrec/ssm/lane_kernels.cuh)."""
+    if B.dim() == 2 and C.dim() == 2:
+        return True
+    groups = [1 if M.dim() == 3 else M.shape[1] for M in (B, C) if M.dim() > 2]
+    return len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= 64 and real_dtype == torch.float32
 
 
 def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens,

@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "linrec/cuda_launch.h"
 #include "linrec/dispatch.h"
@@ -126,12 +127,14 @@ ssm::Plan plan_segments(const ssm::ForwardParams& params, double first_pass) {
   return plan;
 }
 
-// Copies the plan's split into the params the kernels take.
+// Copies the plan's split (and a backward's blocks of channels kept apart) into the params the kernels
+// take.
 template <typename Params>
 Params split_as(const ssm::Plan& plan, const Params& params) {
   Params split = params;
   split.segments = plan.segments;
   split.segment_chunks = plan.segment_chunks;
+  if constexpr (std::is_same_v<Params, ssm::BackwardParams>) split.channel_blocks = plan.channel_blocks;
   return split;
 }
 
@@ -146,6 +149,19 @@ ssm::Plan make_plan(const ssm::ForwardParams& params) {
 
 ssm::Plan make_plan(const ssm::BackwardParams& params) {
   ssm::Plan plan = plan_segments<true>(params, 0.2);
+  const bool varying = params.B.varying || params.C.varying;
+  if (params.deterministic && varying) {
+    // The lane kernels sum each block's terms over its channels in a fixed order; the blocks' sums are
+    // then added in block order. The block kernels add varying terms atomically.
+    if (!ssm::lanes::takes(params))
+      throw std::invalid_argument(
+          "selective_scan_backward: deterministic sums of a varying B's or C's gradient on the GPU need B "
+          "and C varying with the same groups, n <= 64 and a float32 state, got n = " + std::to_string(params.n) +
+          (params.state_dtype == DType::Float32 ? "" : " and a float64 state"));
+    ssm::lanes::dispatch_policy<true>(params, multiprocessors(), [&]<typename Policy>() {
+      plan.channel_blocks = ssm::lanes::blocks_per_group<Policy>(params);
+    });
+  }
   plan.workspace_bytes = ssm::lanes::BackwardWorkspace::floats(split_as(plan, params)) * int64_t(sizeof(float));
   return plan;
 }
@@ -186,6 +202,12 @@ void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream
       const int64_t sums = params.batch * params.d * (params.n + 2);
       const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((sums + 255) / 256, 65535));
       ssm::lanes::sum_segments<<<blocks, 256, 0, stream>>>(split);
+      LINREC_CUDA_CHECK(cudaGetLastError());
+    }
+    if (plan.channel_blocks > 0) {
+      const int64_t sums = 2 * ssm::lanes::BackwardWorkspace::projection_floats(params);
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((sums + 255) / 256, 65535));
+      ssm::lanes::sum_channel_blocks<<<blocks, 256, 0, stream>>>(split);
       LINREC_CUDA_CHECK(cudaGetLastError());
     }
     return;

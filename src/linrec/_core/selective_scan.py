@@ -4,7 +4,7 @@
 torch.ops.linrec.selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens)
     -> (out, checkpoints, last_state)
 torch.ops.linrec.selective_scan_backward(d_out, d_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                                         initial, cu_seqlens, checkpoints)
+                                         initial, cu_seqlens, checkpoints, deterministic=False)
     -> (d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial)
 Schemas and semantics are declared in csrc/kernels/schemas.cpp. The forward is differentiable once (in
 every tensor argument and through last_state); a second derivative raises.
@@ -44,7 +44,7 @@ def _forward_fake(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_soft
 
 @torch.library.register_fake("linrec::selective_scan_backward")
 def _backward_fake(d_out, d_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens,
-                   checkpoints):
+                   checkpoints, deterministic=False):
     state = _state_dtype(u)
 
     def like(tensor: torch.Tensor | None, dtype: torch.dtype = state) -> torch.Tensor:
@@ -77,7 +77,7 @@ def _backward(ctx, d_out, _d_checkpoints, d_last_state):
     grads = _BACKWARD(d_out.contiguous(), None if d_last_state is None else d_last_state.contiguous(), u,
                       values["delta"], values["A"], values["B"], values["C"], values["D"], values["z"],
                       values["delta_bias"], ctx.delta_softplus, values["initial"],
-                      values["cu_seqlens"], checkpoints)
+                      values["cu_seqlens"], checkpoints, _reproducible_sums_required())
     d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial = grads
 
     def given(name, gradient):  # absent optional arguments get None (the op returns an empty tensor)
@@ -110,19 +110,21 @@ def _reproducible_sums_required() -> bool:
     return torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
 
 
-def runs_fused(backend: str, device: torch.device, complex_state: bool, varying_projection: bool) -> bool:
+def runs_fused(backend: str, device: torch.device, complex_state: bool, sums_in_fixed_order: bool) -> bool:
     """Whether linrec.selective_scan takes the fused kernels: backend "auto", a real A, a CPU tensor or a GPU the
     build's CUDA kernels run on, and, where ``torch.use_deterministic_algorithms(True)`` asks for reproducible
-    results on the GPU, B and C fixed: the fused backward adds a varying B's and C's gradient terms across
-    blocks with atomic adds, in an order that varies from run to run (the composed scan sums them in a fixed
-    order). With ``warn_only=True`` the fused kernels stay, as torch keeps its own nondeterministic kernels then."""
+    results on the GPU, a call whose fused backward can sum its gradients in a fixed order
+    (``sums_in_fixed_order``: B and C fixed, or varying where the lane kernels take them; the other kernels
+    add a varying B's and C's gradient terms with atomic adds, in an order that varies from run to run, and
+    the composed scan runs instead). With ``warn_only=True`` the fused kernels stay, as torch keeps its own
+    nondeterministic kernels then."""
     if backend != "auto" or complex_state:
         return False
     if device.type == "cpu":
         return True
     if device.type != "cuda" or not HAS_CUDA_KERNELS:
         return False
-    if varying_projection and _reproducible_sums_required():
+    if not sums_in_fixed_order and _reproducible_sums_required():
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.compiler.is_compiling() or cuda_device_problem(index) is None

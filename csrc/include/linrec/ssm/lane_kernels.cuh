@@ -119,18 +119,20 @@ __device__ __forceinline__ void store_floats(float* target, const float (&values
 template <typename Policy>
 struct Place {
   int64_t b, group, k, row;
+  int64_t channel_block;  // the block's place among its group's
   int slot;    // the channel's slot in the block
   int lane;    // the thread's lane among its channel's
   bool active; // whether the slot holds a channel (the group's last block may hold fewer)
 
   __device__ __forceinline__ explicit Place(const ForwardParams& p) {
     const int64_t per_group = p.d / p.B.groups, blocks = blocks_per_group<Policy>(p);
-    const int64_t chunk = blockIdx.x % blocks, batch_group = blockIdx.x / blocks;
+    const int64_t batch_group = blockIdx.x / blocks;
+    channel_block = blockIdx.x % blocks;
     group = batch_group % p.B.groups;
     b = batch_group / p.B.groups;
     slot = threadIdx.x / Policy::kLanes;
     lane = threadIdx.x % Policy::kLanes;
-    const int64_t local = chunk * Policy::kChannels + slot;
+    const int64_t local = channel_block * Policy::kChannels + slot;
     active = local < per_group;
     k = group * per_group + (active ? local : per_group - 1);  // an idle slot reads its group's last channel
     row = b * p.d + k;
@@ -585,11 +587,12 @@ struct __align__(16) BackwardShared {
 };
 
 // Adds the block's terms of a varying projection's gradient over its channels, in a fixed order, and
-// the sums across blocks with a 16-byte atomic add (sm_90): per state dim and four steps, kSplit
-// neighbouring threads each add every kSplit-th slot, then their sums. Idle slots' terms are zeros.
+// the sums across blocks with a 16-byte atomic add (sm_90), or stores them (`store`: the block's own
+// part of a deterministic backward's workspace): per state dim and four steps, kSplit neighbouring
+// threads each add every kSplit-th slot, then their sums. Idle slots' terms are zeros.
 template <typename Policy>
 __device__ __forceinline__ void add_terms(const BackwardShared<Policy>& shared, float* gradient, int64_t n, int64_t t0,
-                                          int64_t length, bool aligned) {
+                                          int64_t length, bool aligned, bool store) {
   constexpr int kOutputs = Policy::kMaxStates * Policy::kSteps / 4;
   constexpr int kSplit = Policy::kThreads > kOutputs ? Policy::kThreads / kOutputs : 1;
   static_assert(kSplit == 1 || kSplit == 2, "two threads at most share an output");
@@ -610,6 +613,10 @@ __device__ __forceinline__ void add_terms(const BackwardShared<Policy>& shared, 
     if (part != 0 || j >= n) continue;
     float* target = gradient + j * length;
     const int64_t t = t0 + 4 * quad;
+    if (store) {
+      store_run<4>(target, t, length, aligned, sums);
+      continue;
+    }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (aligned && t + 4 <= length) {
       atomicAdd(reinterpret_cast<float4*>(target + t), make_float4(sums[0], sums[1], sums[2], sums[3]));
@@ -622,25 +629,48 @@ __device__ __forceinline__ void add_terms(const BackwardShared<Policy>& shared, 
   }
 }
 
-// The backward workspace of a split row, in floats: [segment][batch * d][n] each of the adjoints a
+// The backward workspace, in floats. Of a split row: [segment][batch * d][n] each of the adjoints a
 // segment carries out of its first step (from a zero adjoint after it, the first pass) and of its
 // decay products; then the segments' partial sums of d_A ([segment][batch * d][n]), d_D and
-// d_delta_bias ([segment][batch * d]), which sum_segments adds up.
+// d_delta_bias ([segment][batch * d]), which sum_segments adds up. Of a deterministic backward: each
+// block of channels' sums of varying B's and then C's gradient terms, [channel block][B's shape],
+// which sum_channel_blocks adds up.
 struct BackwardWorkspace {
   float *carried, *decays, *d_A, *d_D, *d_delta_bias;
+  float *d_B_parts, *d_C_parts;
 
-  LINREC_HOST_DEVICE static int64_t floats(const ForwardParams& p) {
-    return p.segments > 1 ? p.segments * p.batch * p.d * (3 * p.n + 2) : 0;
+  LINREC_HOST_DEVICE static int64_t projection_floats(const ForwardParams& p) {
+    return p.batch * p.B.groups * p.n * p.length;
   }
-  LINREC_HOST_DEVICE explicit BackwardWorkspace(const ForwardParams& p) {
-    const int64_t states = p.segments * p.batch * p.d * p.n;
+  LINREC_HOST_DEVICE static int64_t floats(const BackwardParams& p) {
+    return (p.segments > 1 ? p.segments * p.batch * p.d * (3 * p.n + 2) : 0) +
+           2 * p.channel_blocks * projection_floats(p);
+  }
+  LINREC_HOST_DEVICE explicit BackwardWorkspace(const BackwardParams& p) {
+    const int64_t states = p.segments > 1 ? p.segments * p.batch * p.d * p.n : 0;
     carried = static_cast<float*>(p.workspace);
     decays = carried + states;
     d_A = decays + states;
     d_D = d_A + states;
-    d_delta_bias = d_D + p.segments * p.batch * p.d;
+    d_delta_bias = d_D + (p.segments > 1 ? p.segments * p.batch * p.d : 0);
+    d_B_parts = d_delta_bias + (p.segments > 1 ? p.segments * p.batch * p.d : 0);
+    d_C_parts = d_B_parts + p.channel_blocks * projection_floats(p);
   }
 };
+
+// A deterministic backward's varying B and C gradients: the blocks of channels' sums added up in
+// block order.
+__global__ void sum_channel_blocks(const BackwardParams p) {
+  const BackwardWorkspace ws(p);
+  const int64_t size = BackwardWorkspace::projection_floats(p);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < 2 * size; e += gridDim.x * int64_t(blockDim.x)) {
+    const bool of_B = e < size;
+    const float* parts = (of_B ? ws.d_B_parts : ws.d_C_parts) + (of_B ? e : e - size);
+    float total = 0.0f;
+    for (int64_t block = 0; block < p.channel_blocks; ++block) total += parts[block * size];
+    static_cast<float*>(of_B ? p.d_B : p.d_C)[of_B ? e : e - size] = total;
+  }
+}
 
 // The partial sums of a split row's segments, added up in segment order (deterministic).
 __global__ void sum_segments(const BackwardParams p) {
@@ -680,8 +710,11 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   const W* C = static_cast<const W*>(p.C.data) + projection_row;
   const BackwardWorkspace ws(p);
   const auto segment_state = [&](int64_t s) { return (s * p.batch * p.d + at.row) * n; };
-  float* d_B = static_cast<float*>(p.d_B) + projection_row;
-  float* d_C = static_cast<float*>(p.d_C) + projection_row;
+  // A deterministic backward's blocks store their sums apart (their own part of the workspace).
+  const bool store_terms = p.channel_blocks > 0;
+  const int64_t part = store_terms ? at.channel_block * BackwardWorkspace::projection_floats(p) : 0;
+  float* d_B = (store_terms ? ws.d_B_parts + part : static_cast<float*>(p.d_B)) + projection_row;
+  float* d_C = (store_terms ? ws.d_C_parts + part : static_cast<float*>(p.d_C)) + projection_row;
   const auto row_of = [&](const void* data) { return data ? static_cast<const T*>(data) + at.row * length : nullptr; };
   const T* rows[kRows] = {row_of(p.delta), row_of(p.u), row_of(p.z), row_of(p.d_out)};
   T* d_u_row = static_cast<T*>(p.d_u) + at.row * length;
@@ -827,7 +860,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         store_floats<kStates>(&shared.terms[at.slot][t * Policy::kMaxStates + at.state(0)], terms);
       }
       __syncthreads();
-      add_terms<Policy>(shared, d_C, n, t0, length, p.vectorized);
+      add_terms<Policy>(shared, d_C, n, t0, length, p.vectorized, store_terms);
       float y[kShare];
       sum_share<Policy>(shared.partial[0], at, y);
       __syncthreads();
@@ -865,7 +898,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         if (step == back.first_step) ch.write_states(p.d_initial, back.sequence, carried);
       }
       __syncthreads();
-      add_terms<Policy>(shared, d_B, n, t0, length, p.vectorized);
+      add_terms<Policy>(shared, d_B, n, t0, length, p.vectorized, store_terms);
       float q_sum[kShare], r_sum[kShare], d_u[kShare], d_delta[kShare], d_z[kShare];
       sum_share<Policy>(shared.partial[0], at, q_sum);
       sum_share<Policy>(shared.partial[1], at, r_sum);

@@ -171,7 +171,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
     const Tensor& d_out, const OptionalTensor& d_last_state, const Tensor& u, const Tensor& delta, const Tensor& A,
     const Tensor& B, const Tensor& C, const OptionalTensor& D, const OptionalTensor& z,
     const OptionalTensor& delta_bias, bool delta_softplus, const OptionalTensor& initial,
-    const OptionalTensor& cu_seqlens, const Tensor& checkpoints) {
+    const OptionalTensor& cu_seqlens, const Tensor& checkpoints, bool deterministic) {
   constexpr const char* op = "selective_scan_backward";
   Shape shape;
   BackwardParams params;
@@ -188,6 +188,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   params.vectorized = params.vectorized && rows_aligned({&d_out});
   params.d_last_state = d_last_state ? d_last_state->const_data_ptr() : nullptr;
   params.saved_checkpoints = checkpoints.const_data_ptr();
+  params.deterministic = deterministic;
 
   const auto empty = [&] { return torch::stable::new_empty(u, {0}, shape.state); };
   Tensor d_u = torch::stable::new_empty(u, sizes_of(u));

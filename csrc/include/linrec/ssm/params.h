@@ -90,10 +90,13 @@ struct Sequences {
   }
 };
 
-// How a call runs on the GPU: its rows split along time into `segments` of `segment_chunks` chunks,
-// and the zeroed workspace that takes (bytes, 16-byte aligned).
+// How a call runs on the GPU: its rows split along time into `segments` of `segment_chunks` chunks;
+// in a deterministic backward, the blocks of channels whose varying B and C gradient terms are kept
+// apart and summed in a fixed order (0: added across blocks atomically); and the zeroed workspace that
+// takes (bytes, 16-byte aligned).
 struct Plan {
   int64_t segments = 1, segment_chunks = 0;
+  int64_t channel_blocks = 0;
   int64_t workspace_bytes = 0;
 };
 
@@ -140,6 +143,10 @@ struct BackwardParams : ForwardParams {
   void* d_D = nullptr;                 // when D is given
   void* d_delta_bias = nullptr;        // when delta_bias is given
   void* d_initial = nullptr;           // when initial is given, (sequences, d, n) in S
+  // The same gradients on every run: varying B's and C's terms summed in a fixed order (ssm::Plan's
+  // channel_blocks), not with atomic adds.
+  bool deterministic = false;
+  int64_t channel_blocks = 0;
 };
 
 }  // namespace linrec::ssm
