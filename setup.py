@@ -20,7 +20,7 @@ Environment:
   LINREC_LINEINFO=1       keep source lines in the device code, for profilers (ncu's source view);
                           off by default: with them the device code is twice as large
 The build writes linrec/_build_info.json beside the libraries: what they were built for, which
-`python -m linrec.info` prints and the runtime checks compare with the machine.
+`python -m linrec info` prints and the runtime checks compare with the machine.
 """
 
 from __future__ import annotations

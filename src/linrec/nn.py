@@ -117,10 +117,12 @@ class EMA(nn.Module):
 
     Args:
         channels: the number of channels C.
-        min_decay, max_decay: the initial decays span this range, with time constants ``1 / (1 - a)``
-            log-spaced from ``1 / (1 - min_decay)`` (channel 0) to ``1 / (1 - max_decay)`` (the last
-            channel); defaults 0.5 to 0.99, i.e. 2 to 100 steps.
-        device, dtype: of the parameter.
+        min_decay: the initial decay of channel 0; the initial decays span ``min_decay`` to ``max_decay``,
+            with time constants ``1 / (1 - a)`` log-spaced from ``1 / (1 - min_decay)`` (channel 0) to
+            ``1 / (1 - max_decay)`` (the last channel); defaults 0.5 to 0.99, i.e. 2 to 100 steps.
+        max_decay: the initial decay of the last channel.
+        device: of the parameter.
+        dtype: of the parameter.
 
     Shapes:
         x: (batch, time, C), float32, float64, bfloat16 or float16; the layer computes in the dtype of
@@ -216,7 +218,8 @@ class MinGRU(nn.Module):
         input_size: the channels of ``x``.
         hidden_size: the channels of ``h`` (the outputs and the state).
         bias: whether the linear maps have a bias.
-        device, dtype: of the parameters.
+        device: of the parameters.
+        dtype: of the parameters.
 
     Attributes:
         proj: one ``nn.Linear(input_size, 2 * hidden_size)``; its first ``hidden_size`` outputs are the
@@ -303,11 +306,13 @@ class LRU(nn.Module):
     Args:
         input_size: the channels H of ``x`` and of ``y``.
         state_size: the complex state channels N.
-        r_min, r_max: the ring of the initial ``|lambda|``, ``0 <= r_min < r_max <= 1``; the defaults are
-            the paper's generic ones, its long-range experiments use e.g. 0.9 and 0.999.
+        r_min: the inner radius of the ring of the initial ``|lambda|``, ``0 <= r_min < r_max <= 1``; the
+            defaults are the paper's generic ones, its long-range experiments use e.g. 0.9 and 0.999.
+        r_max: the outer radius of that ring.
         max_phase: the initial phases of ``lambda`` are uniform in ``[0, max_phase]`` (the paper uses
             2 pi, and smaller values such as pi / 10 for long-range tasks).
-        device, dtype: of the (real) parameters.
+        device: of the (real) parameters.
+        dtype: of the (real) parameters.
 
     Shapes:
         x: (batch, time, H), float32, float64, bfloat16 or float16; y comes back in the dtype of ``x``.

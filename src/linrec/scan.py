@@ -80,8 +80,9 @@ def linrec(
         outputs, with the shape, dtype and device of ``inputs``.
 
     Raises:
-        TypeError for an argument of the wrong type or dtype, IndexError for ``dim`` out of range,
-        ValueError for a wrong value or shape (src/linrec/_core/checks.py states the convention).
+        TypeError: an argument of the wrong type or dtype.
+        IndexError: ``dim`` out of range.
+        ValueError: a wrong value or shape (src/linrec/_core/checks.py states the convention).
 
     Example:
         >>> x, c = torch.randn(2, 100, 8), torch.rand(8)          # (batch, time, channels), per-channel decay
@@ -156,8 +157,10 @@ def last_states(
         ``outputs`` alive).
 
     Raises:
-        TypeError, IndexError or ValueError as :func:`linrec` does; for offsets that do not run from 0 to the
-        length of ``dim`` without decreasing too (checked on the host, once per tensor, outside ``torch.compile``).
+        TypeError: an argument of the wrong type or dtype, as :func:`linrec` does.
+        IndexError: ``dim`` out of range.
+        ValueError: a wrong value or shape, as :func:`linrec` does; also offsets that do not run from 0 to the
+            length of ``dim`` without decreasing (checked on the host, once per tensor, outside ``torch.compile``).
 
     Example:
         >>> x, c = torch.randn(1, 6, 2), torch.rand(1, 6, 2)        # 3 sequences packed along dim 1
