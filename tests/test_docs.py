@@ -57,13 +57,22 @@ def _name(path: Path) -> str:
 
 PAGES_WITH_CODE = [page for page in pages() if any(language == RUN for language, _, _ in fenced_blocks(page))]
 
-# Runs one page's Python blocks in order in one namespace (a block may use what the blocks above it defined),
-# each compiled under the page's name and line numbers, so that a traceback points into the page.
+# Runs each page's Python blocks in order in a namespace of the page's own (a block may use what the blocks
+# above it defined), each block compiled under the page's name and line numbers, so that a traceback points
+# into the page; one process for every page, as importing torch takes longer than most pages' code. Writes
+# each page's traceback, or None, to the results file.
 _RUNNER = """
-import json, sys
-namespace = {"__name__": "__main__"}
-for filename, line, code in json.load(open(sys.argv[1])):
-    exec(compile("\\n" * (line - 1) + code, filename, "exec"), namespace)
+import json, sys, traceback
+results = {}
+for page, blocks in json.load(open(sys.argv[1])).items():
+    namespace = {"__name__": "__main__"}
+    try:
+        for filename, line, code in blocks:
+            exec(compile("\\n" * (line - 1) + code, filename, "exec"), namespace)
+        results[page] = None
+    except BaseException:
+        results[page] = traceback.format_exc()
+json.dump(results, open(sys.argv[2], "w"))
 """
 
 
@@ -82,16 +91,25 @@ def test_readme_and_docs_have_examples():
     assert len(PAGES_WITH_CODE) >= 10, [_name(page) for page in PAGES_WITH_CODE]
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_name)
-def test_python_blocks_run(page, tmp_path):
-    """Every ```python block of the page runs, in a fresh Python process, from an empty directory."""
-    blocks = [(_name(page), line, code) for language, line, code in fenced_blocks(page) if language == RUN]
-    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
-    (tmp_path / "runner.py").write_text(_RUNNER)
+@pytest.fixture(scope="module")
+def page_results(tmp_path_factory) -> dict[str, str | None]:
+    """Every page's blocks run in a fresh Python process, from an empty directory: page -> traceback or None."""
+    directory = tmp_path_factory.mktemp("docs_blocks")
+    blocks = {_name(page): [(_name(page), line, code) for language, line, code in fenced_blocks(page) if language == RUN]
+              for page in PAGES_WITH_CODE}
+    (directory / "blocks.json").write_text(json.dumps(blocks))
+    (directory / "runner.py").write_text(_RUNNER)
     environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE")}
-    result = subprocess.run([sys.executable, "runner.py", "blocks.json"], cwd=tmp_path, env=environment,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{_name(page)}: a Python block failed\n{result.stdout}\n{result.stderr}"
+    result = subprocess.run([sys.executable, "runner.py", "blocks.json", "results.json"], cwd=directory,
+                            env=environment, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, f"the pages' blocks could not be run\n{result.stdout}\n{result.stderr}"
+    return json.loads((directory / "results.json").read_text())
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_name)
+def test_python_blocks_run(page, page_results):
+    """Every ```python block of the page runs, in order, in a namespace of the page's own."""
+    assert page_results[_name(page)] is None, f"{_name(page)}: a Python block failed\n{page_results[_name(page)]}"
 
 
 def test_links_stay_in_the_site():

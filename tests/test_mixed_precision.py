@@ -174,8 +174,8 @@ def test_equals_the_float32_call_rounded(device, seed, dtype, backend):
 
 # (inputs dtype, the argument given another dtype, its dtype, the dtypes the message says it may have)
 REFUSED = [
-    (torch.bfloat16, "coeffs", torch.float16, r"\(torch.bfloat16\) or float32"),
-    (torch.float16, "initial", torch.float64, r"\(torch.float16\) or float32"),
+    (torch.bfloat16, "coeffs", torch.float16, r"\(torch.bfloat16\) or torch.float32"),
+    (torch.float16, "initial", torch.float64, r"\(torch.float16\) or torch.float32"),
     (torch.float32, "coeffs", torch.float64, r"\(torch.float32\)"),
     (torch.float64, "coeffs", torch.float32, r"\(torch.float64\)"),
     (torch.float64, "initial", torch.float32, r"\(torch.float64\)"),

@@ -352,7 +352,7 @@ ERRORS = [
     ("initial-not-a-tensor", _set("initial", [0.0]), TypeError, "initial must be a torch.Tensor, got list"),
     ("cu_seqlens-batch-2", _set("cu_seqlens", lambda a: torch.tensor([0, 2, 5])), ValueError,
      r"with cu_seqlens, u must hold its sequences packed along its length with a batch of 1, got shape \[2, 6, 5\]"),
-    ("cu_seqlens-float", _packed(lambda a: torch.tensor([0.0, 5.0])), TypeError, "cu_seqlens must be int32 or int64"),
+    ("cu_seqlens-float", _packed(lambda a: torch.tensor([0.0, 5.0])), TypeError, "cu_seqlens must be torch.int32 or torch.int64"),
     ("cu_seqlens-end", _packed(lambda a: torch.tensor([0, 2, 4])), ValueError,
      r"cu_seqlens must end at the length of the time dim \(5\), got 4"),
     ("backend-unknown", _set("backend", "fused"), ValueError,

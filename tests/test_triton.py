@@ -264,7 +264,7 @@ def test_full_size_on_the_gpu(device, seed, dtype, shape, dim, coeffs_shape, rev
 
 def test_complex_is_refused(device):
     inputs = torch.randn(2, 5, dtype=torch.complex64, device=device)
-    with pytest.raises(TypeError, match="backend='triton' takes float32, float64, float16 or bfloat16, got torch.complex64"):
+    with pytest.raises(TypeError, match="backend='triton' takes torch.float32, torch.float64, torch.float16 or torch.bfloat16, got torch.complex64"):
         linrec.linrec(inputs, inputs, backend="triton")
 
 

@@ -81,7 +81,7 @@ inline DType to_dtype(const Tensor& tensor, const char* op, const char* name) {
     case ScalarType::ComplexDouble: return DType::Complex128;
     default: break;
   }
-  LINREC_CHECK_TYPE(false, op, ": ", name, " must be float32, float64, float16, bfloat16, complex64 or complex128, got ",
+  LINREC_CHECK_TYPE(false, op, ": ", name, " must be torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64 or torch.complex128, got ",
                    dtype_string(tensor));
   return DType::Float32;
 }
@@ -111,7 +111,7 @@ inline void check_coeff_like(const char* op, const char* name, const Tensor& ten
   LINREC_CHECK_TYPE(tensor.scalar_type() == values.scalar_type() ||
                         tensor.scalar_type() == torch::headeronly::ScalarType::Float,
                     op, ": ", name, " must have the dtype of ", values_name, " (", dtype_string(values),
-                    ") or float32, got ", dtype_string(tensor));
+                    ") or torch.float32, got ", dtype_string(tensor));
 }
 
 // `tensor` as `dtype`: itself where it has it, else a converted copy (exact: 16-bit to float32 only).
@@ -154,7 +154,7 @@ inline void check_cu_seqlens(const char* op, const char* values_name, const Tens
                ": cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape ", shape_string(offsets));
   LINREC_CHECK_TYPE(offsets.scalar_type() == torch::headeronly::ScalarType::Int ||
                         offsets.scalar_type() == torch::headeronly::ScalarType::Long,
-                    op, ": cu_seqlens must be int32 or int64, got ", dtype_string(offsets));
+                    op, ": cu_seqlens must be torch.int32 or torch.int64, got ", dtype_string(offsets));
   LINREC_CHECK(offsets.device() == values.device(), op, ": cu_seqlens must be on the device of ", values_name, " (",
                device_string(values), "), got ", device_string(offsets));
   // The kernels read the offsets as a plain array.

@@ -155,7 +155,7 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
     // then added in block order. The block kernels add varying terms atomically.
     if (!ssm::lanes::takes(params))
       throw std::invalid_argument(
-          "selective_scan_backward: deterministic sums of a varying B's or C's gradient on the GPU need B "
+          "linrec.selective_scan_backward: deterministic sums of a varying B's or C's gradient on the GPU need B "
           "and C varying with the same groups, n <= 64 and a float32 state, got n = " + std::to_string(params.n) +
           (params.state_dtype == DType::Float32 ? "" : " and a float64 state"));
     ssm::lanes::dispatch_policy<true>(params, multiprocessors(), [&]<typename Policy>() {

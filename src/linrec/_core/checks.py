@@ -13,10 +13,8 @@ The message starts with the public name of what raised it, which starts with ``l
 ``linrec.linrec`` (the package's namesake, and what any layer above it lets through), ``linrec.last_states:``,
 ``linrec.nn.MinGRU:``, ``linrec.rl.gae:``, ``linrec.selective_scan:``, ``linrec.distributed.linrec:``.
 It then names the argument, what was expected and what was given, with dtypes in torch's names
-(``torch.float32``) and Python types by name (``numpy.float64``, ``list``). One exception in the words:
-where the C++ ops' checks list the dtypes they accept (inputs' ``float32, float64, ..., complex128``,
-cu_seqlens' ``int32 or int64``, the ``float32`` of mixed precision), they use the short names, and the
-Python checks of the same arguments repeat their text verbatim.
+(``torch.float32``) and Python types by name (``numpy.float64``, ``list``); the Python checks of the
+arguments the C++ ops check too repeat the ops' text verbatim.
 
 Scalar arguments are taken as torch takes them: ``dim`` as any integer (a Python int, a numpy integer, a
 0-dim integer tensor; not a bool), the flags (``reverse``, ``log_coeffs``, ...) as a Python bool or a
@@ -33,11 +31,11 @@ The ops called directly
 (csrc/include/linrec/ops.h, ssm/ops.h). torch turns every C++ exception of an op into one Python type,
 which libraries on the LibTorch stable ABI cannot choose: ``ValueError`` up to torch 2.13, ``RuntimeError``
 with torch 2.15 (2.14 untried). The message starts with the op's name (``linrec.forward:``,
-``linrec.backward:``, ``selective_scan_forward:``, ``selective_scan_backward:``) and, where the convention's
+``linrec.backward:``, ``linrec.selective_scan_forward:``, ``linrec.selective_scan_backward:``) and, where the convention's
 type is not ``ValueError``, ends with `` [TypeError]`` or `` [IndexError]``; ``linrec.linrec`` re-raises it
 under its own name as that type (``api_error``). A bad ``LINREC_CPU_ISA`` (the environment variable that
 pins the CPU kernels' instruction set) is refused the same way, its message starting with
-``LINREC_CPU_ISA``; ``linrec.linrec`` re-raises it as a ``ValueError`` prefixed ``linrec:``. The fake kernels
+``linrec: LINREC_CPU_ISA``; ``linrec.linrec`` re-raises it as a ``ValueError``. The fake kernels
 (meta tensors, torch.compile's tracing) and the Triton ops run the Python checks below: the convention's
 types, with the C++ ops' messages, where the refusal of a packed layout goes on to say how to pack
 (``PACKING_HINT``, which ``api_error`` adds to the C++ op's message); tests/test_errors.py holds the two to
@@ -66,7 +64,7 @@ SUPPORTED_DTYPES = (*REAL_DTYPES, torch.complex64, torch.complex128)
 #: The input dtypes whose coeffs and initial may also be float32.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # The C++ ops' words for SUPPORTED_DTYPES (csrc/include/linrec/ops.h), which the fake kernels repeat.
-_DTYPE_NAMES = "float32, float64, float16, bfloat16, complex64 or complex128"
+_DTYPE_NAMES = "torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64 or torch.complex128"
 #: How packed sequences are laid out, said with the refusal of any other layout. The C++ op's message stops
 #: before it (``api_error`` adds it there).
 PACKING_HINT = ("packed sequences need a batch dim of size 1 before the time dim: a tensor x of shape "
@@ -172,7 +170,7 @@ def _check_coeff_like(op: str, name: str, tensor: torch.Tensor, like_name: str, 
     (mixed precision: the kernels then read both in float32)."""
     check_device(op, name, tensor, like_name, like.device)
     mixed = like.dtype in HALF_DTYPES
-    allowed = f"({like.dtype}) or float32" if mixed else f"({like.dtype})"
+    allowed = f"({like.dtype}) or torch.float32" if mixed else f"({like.dtype})"
     if not (tensor.dtype == like.dtype or (mixed and tensor.dtype == torch.float32)):
         raise TypeError(f"{op}: {name} must have the dtype of {like_name} {allowed}, got {tensor.dtype}")
 
@@ -223,7 +221,7 @@ def check_offsets(op: str, cu_seqlens: object, values_name: str, values: torch.T
         raise ValueError(f"{op}: cu_seqlens must be a 1-dim tensor of at least 2 offsets, got shape "
                          f"{list(cu_seqlens.shape)}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{op}: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        raise TypeError(f"{op}: cu_seqlens must be torch.int32 or torch.int64, got {cu_seqlens.dtype}")
     check_device(op, "cu_seqlens", cu_seqlens, values_name, values.device)
 
 
@@ -303,7 +301,7 @@ def check_backward_arguments(op: str, d_outputs: torch.Tensor, coeffs: torch.Ten
 # (csrc/include/linrec/check.h).
 _OP_NAME = re.compile(r"linrec\.(?:triton_)?forward: ")
 _KIND = re.compile(r" \[(TypeError|IndexError)\]")
-# The CPU kernels' refusal of a bad LINREC_CPU_ISA (csrc/include/linrec/cpu/isa.h), which names no op.
+# The CPU kernels' refusal of a bad LINREC_CPU_ISA (csrc/include/linrec/cpu/isa.h), which names no op (only linrec).
 _CPU_ISA = re.compile(r"LINREC_CPU_ISA\b.*", re.DOTALL)
 
 

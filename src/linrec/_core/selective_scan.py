@@ -31,8 +31,8 @@ def _forward_fake(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_soft
                   cu_seqlens=None):
     # The C++ op's checks of these (ssm/ops.h), as the error convention's type (checks.py).
     torch._check_value(u.dim() == 3,
-                       lambda: f"selective_scan_forward: u must be 3-dim (batch, d, length), got {u.dim()} dims")
-    torch._check_value(A.dim() == 2, lambda: f"selective_scan_forward: A must be (d, n), got {A.dim()} dims")
+                       lambda: f"linrec.selective_scan_forward: u must be 3-dim (batch, d, length), got {u.dim()} dims")
+    torch._check_value(A.dim() == 2, lambda: f"linrec.selective_scan_forward: A must be (d, n), got {A.dim()} dims")
     batch, d, length = u.shape
     n = A.shape[1]
     sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1

@@ -50,11 +50,11 @@ inline Isa cpu_isa() {
   for (const Isa isa : {Isa::Baseline, Isa::Avx2, Isa::Avx512}) {
     if (std::strcmp(requested, isa_name(isa)) != 0) continue;
     if (isa > best)
-      throw std::invalid_argument(std::string("LINREC_CPU_ISA: this CPU lacks ") + requested +
+      throw std::invalid_argument(std::string("linrec: LINREC_CPU_ISA: this CPU lacks ") + requested +
                                   " (the best it has is " + isa_name(best) + ")");
     return isa;
   }
-  throw std::invalid_argument(std::string("LINREC_CPU_ISA must be baseline, avx2 or avx512, got '") + requested + "'");
+  throw std::invalid_argument(std::string("linrec: LINREC_CPU_ISA must be baseline, avx2 or avx512, got '") + requested + "'");
 }
 
 #if defined(__x86_64__)

@@ -47,7 +47,7 @@ inline Projection check_projection(const char* op, const char* name, const Tenso
   Projection projection;
   projection.data = M.const_data_ptr();
   if (M.dim() == 2) {
-    check_tensor(op, name, M, u, {shape.state}, shape.state == ScalarType::Float ? "float32" : "float64",
+    check_tensor(op, name, M, u, {shape.state}, shape.state == ScalarType::Float ? "torch.float32" : "torch.float64",
                  {shape.d, shape.n}, "fixed: (d, n)");
     return projection;
   }
@@ -87,7 +87,7 @@ inline ForwardParams check_arguments(const char* op, Shape& shape, const Tensor&
                                      const Tensor& A, const Tensor& B, const Tensor& C, const OptionalTensor& D,
                                      const OptionalTensor& z, const OptionalTensor& delta_bias, bool delta_softplus,
                                      const OptionalTensor& initial, const OptionalTensor& cu_seqlens) {
-  LINREC_CHECK_TYPE(is_real_floating(u.scalar_type()), op, ": u must be float32, float64, float16 or bfloat16, got ",
+  LINREC_CHECK_TYPE(is_real_floating(u.scalar_type()), op, ": u must be torch.float32, torch.float64, torch.float16 or torch.bfloat16, got ",
                     dtype_string(u));
   LINREC_CHECK(u.dim() == 3, op, ": u must be 3-dim (batch, d, length), got shape ", shape_string(u));
   LINREC_CHECK(u.is_contiguous(), op, ": u must be contiguous");
@@ -96,7 +96,7 @@ inline ForwardParams check_arguments(const char* op, Shape& shape, const Tensor&
   shape.batch = u.size(0);
   shape.d = u.size(1);
   shape.length = u.size(2);
-  const char* state_text = shape.state == ScalarType::Float ? "float32" : "float64";
+  const char* state_text = shape.state == ScalarType::Float ? "torch.float32" : "torch.float64";
   LINREC_CHECK(A.dim() == 2 && A.size(0) == shape.d, op, ": A must be (d, n) with d = ", shape.d, ", got shape ",
                shape_string(A));
   shape.n = A.size(1);
@@ -149,7 +149,7 @@ std::tuple<Tensor, Tensor, Tensor> forward_op(const Tensor& u, const Tensor& del
                                               const Tensor& C, const OptionalTensor& D, const OptionalTensor& z,
                                               const OptionalTensor& delta_bias, bool delta_softplus,
                                               const OptionalTensor& initial, const OptionalTensor& cu_seqlens) {
-  constexpr const char* op = "selective_scan_forward";
+  constexpr const char* op = "linrec.selective_scan_forward";
   Shape shape;
   ForwardParams params =
       check_arguments(op, shape, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens);
@@ -172,13 +172,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
     const Tensor& B, const Tensor& C, const OptionalTensor& D, const OptionalTensor& z,
     const OptionalTensor& delta_bias, bool delta_softplus, const OptionalTensor& initial,
     const OptionalTensor& cu_seqlens, const Tensor& checkpoints, bool deterministic) {
-  constexpr const char* op = "selective_scan_backward";
+  constexpr const char* op = "linrec.selective_scan_backward";
   Shape shape;
   BackwardParams params;
   static_cast<ForwardParams&>(params) =
       check_arguments(op, shape, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens);
   check_tensor(op, "d_out", d_out, u, {shape.values}, "the dtype of u", sizes_of(u), "u's");
-  const char* state_text = shape.state == ScalarType::Float ? "float32" : "float64";
+  const char* state_text = shape.state == ScalarType::Float ? "torch.float32" : "torch.float64";
   check_tensor(op, "checkpoints", checkpoints, u, {shape.state}, state_text,
                {shape.batch, shape.d, chunks_of(shape.length), shape.n}, "(batch, d, chunks, n)");
   if (d_last_state)

@@ -31,6 +31,6 @@ def check_dtype(op: str, dtype: torch.dtype) -> None:
     """The Triton kernels take real dtypes; complex recurrences run on the compiled kernels."""
     if dtype.is_complex:
         raise TypeError(
-            f"{op}: backend='triton' takes float32, float64, float16 or bfloat16, got {dtype}; "
+            f"{op}: backend='triton' takes torch.float32, torch.float64, torch.float16 or torch.bfloat16, got {dtype}; "
             "complex recurrences run on backend='auto'"
         )
