@@ -42,7 +42,10 @@ def loop_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         group_of_channel = torch.arange(d) // (d // M.shape[1])
         return M[:, group_of_channel]
 
-    B_t, C_t = per_channel(B), per_channel(C)
+    # Each operand's steps taken apart once: indexing a step at a time would give each step's gradient
+    # the operand's full size.
+    B_steps, C_steps = per_channel(B).unbind(-1), per_channel(C).unbind(-1)
+    u_steps, delta_steps = u.unbind(-1), delta.unbind(-1)
     bounds = [0, length] if cu_seqlens is None else list(cu_seqlens)
     ys, last_states = [], []
     for sequence, (begin, end) in enumerate(zip(bounds, bounds[1:])):
@@ -51,9 +54,9 @@ def loop_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         else:
             state = (initial if cu_seqlens is None else initial[sequence][None]).to(A.dtype)
         for t in range(begin, end):
-            dt = delta[:, :, t, None]
-            state = torch.exp(dt * A) * state + dt * B_t[..., t] * u[:, :, t, None]
-            y = (state * C_t[..., t]).sum(-1)
+            dt = delta_steps[t][..., None]
+            state = torch.exp(dt * A) * state + dt * B_steps[t] * u_steps[t][..., None]
+            y = (state * C_steps[t]).sum(-1)
             ys.append(2 * y.real if A.is_complex() else y)
         last_states.append(state)
     out = torch.stack(ys, dim=-1) if ys else u.new_zeros(batch, d, 0)
@@ -478,6 +481,19 @@ def test_lane_kernels_many_channels(device, seed, dtype):
     channels than it has slots."""
     arguments, options = make_arguments(device, dtype, False, "grouped", "grouped", length=37, batch=3, d=2900, n=16,
                                         groups=2, param_dtype=torch.float32)
+    check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("batch, d, n, length", [(4, 2900, 64, 37), (1, 512, 40, 1100)], ids=["batch", "split-rows"])
+def test_lane_kernels_eight_warp_blocks(device, seed, batch, d, n, length):
+    """Calls an H100's forward plan runs in blocks of eight warps (above n = 16): a batch of short rows,
+    and a single row split along time into three segments, with an initial state and state dims that
+    leave the lanes' last ones unused (n = 40). The CPU runs the same loop for every call."""
+    if device == "cpu":
+        pytest.skip("a plan of the GPU's kernels")
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=length,
+                                        batch=batch, d=d, n=n, groups=2)
+    arguments["initial"] = _initial(arguments, batch, device)
     check_against_loop(arguments, options)
 
 

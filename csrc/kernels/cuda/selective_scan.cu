@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "linrec/cuda_launch.h"
 #include "linrec/dispatch.h"
@@ -88,12 +89,13 @@ void launch_lanes(void (*kernel)(Params), const Params& params, int64_t segments
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
-// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes.
+// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes, with the
+// plan's policy.
 template <bool Backward, typename Body>
-void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
+void dispatch_lanes(const ssm::Plan& plan, const ssm::ForwardParams& params, Body&& body) {
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
     if constexpr (std::is_same_v<S, float>) {
-      ssm::lanes::dispatch_policy<Backward>(params, multiprocessors(), [&]<typename Policy>() {
+      ssm::lanes::with_policy<Backward>(plan.lane_policy, params.n, [&]<typename Policy>() {
         if (params.sequences.packed()) body.template operator()<T, W, Policy, true>();
         else body.template operator()<T, W, Policy, false>();
       });
@@ -101,30 +103,65 @@ void dispatch_lanes(const ssm::ForwardParams& params, Body&& body) {
   });
 }
 
-// Rows of too few channels to fill the GPU are split along time into segments of whole chunks. The
-// count minimizes a model of the time: waves of the blocks an SM holds for the segments, and for the
-// first pass over all but one of them, which costs `first_pass` of the second's time per block.
+// The relative rate at which an SM runs the lane kernels' steps with `warps` warps resident: they are
+// bound by the latency of the exp2 unit and of shared memory, which more warps hide. Measured on an
+// H100 as the times of bfloat16 rows of 2048 and 5120 channels (n = 16 and 64) split into 1 to 64
+// segments, at 4, 8, 12, 16 and 20 warps.
+double warp_rate(int64_t warps) {
+  constexpr double kRates[] = {0.0, 0.5, 0.78, 0.9, 0.95, 1.0};
+  if (warps >= 20) return 1.0;
+  const int64_t below = warps / 4;
+  return kRates[below] + static_cast<double>(warps % 4) / 4 * (kRates[below + 1] - kRates[below]);
+}
+
+// The modelled time of a pass of `blocks` blocks of `warps` warps, `resident` of them at most on an SM
+// at once, per step of a block: the SMs take the blocks in turns, and a turn of k blocks takes
+// k * warps / warp_rate(k * warps).
+double pass_time(int64_t blocks, int64_t warps, int64_t resident, int64_t sms) {
+  const int64_t per_sm = (blocks + sms - 1) / sms;
+  const auto turn = [&](int64_t k) { return k == 0 ? 0.0 : static_cast<double>(k * warps) / warp_rate(k * warps); };
+  return static_cast<double>(per_sm / resident) * turn(resident) + turn(per_sm % resident);
+}
+
+// The lane kernels' plan: the policy and the split of the rows along time (segments of whole chunks)
+// that the model gives the least time, where a split row takes a first pass over all its segments but
+// the last (ssm/lane_kernels.cuh). A step of a forward's Wide block costs 0.82 of a Narrow one's per warp
+// (its blocks stage a tile of B and C for twice the channels: bfloat16, n = 64); a first pass costs,
+// per block and step, 0.5 of its second pass at n <= 16 and 0.65 above in the forward (an exponential per
+// state dim and step, as in the second, without the output), 0.2 in the backward (the adjoint alone).
+// Between near ties (3%) the fewer segments win, which need less workspace.
 template <bool Backward>
-ssm::Plan plan_segments(const ssm::ForwardParams& params, double first_pass) {
-  ssm::Plan plan;
-  if (!ssm::lanes::takes(params) || params.length == 0) return plan;
-  const int64_t sms = multiprocessors();
-  int64_t blocks = 1, capacity = 1;
-  ssm::lanes::dispatch_policy<Backward>(params, sms, [&]<typename Policy>() {
-    blocks = ssm::lanes::blocks_of<Policy>(params);
-    capacity = sms * (Backward ? Policy::kBackwardResident : Policy::kForwardMinBlocks);
-  });
-  const auto waves = [&](int64_t segments) { return static_cast<double>((blocks * segments + capacity - 1) / capacity); };
-  const int64_t chunks = ssm::chunks_of(params.length);
-  int64_t best = 1;
-  double best_time = waves(1);
-  for (int64_t segments = 2; segments <= std::min<int64_t>(chunks, 64); ++segments) {
-    const double time = (waves(segments) + first_pass * waves(segments - 1)) / segments;
-    if (time < 0.97 * best_time) best = segments, best_time = time;
+void plan_lanes(const ssm::ForwardParams& params, ssm::Plan& plan) {
+  using ssm::LanePolicy;
+  if (!ssm::lanes::takes(params) || params.length == 0) return;
+  const int64_t sms = multiprocessors(), chunks = ssm::chunks_of(params.length);
+  std::vector<LanePolicy> candidates{LanePolicy::Narrow};
+  if (params.n <= 16 && ssm::lanes::blocks_of<ssm::lanes::Policy<4, 4>>(params) * chunks < 2 * sms)
+    candidates = {LanePolicy::Single};  // too few blocks even split into every chunk
+  else if (params.n > 16 && !Backward)
+    candidates.push_back(LanePolicy::Wide);
+  const double first_pass = Backward ? 0.2 : params.n > 16 ? 0.65 : 0.5;
+  double best_time = std::numeric_limits<double>::infinity();
+  for (const LanePolicy policy : candidates) {
+    ssm::lanes::with_policy<Backward>(policy, params.n, [&]<typename Policy>() {
+      const int64_t blocks = ssm::lanes::blocks_of<Policy>(params);
+      const int64_t resident = Backward ? Policy::kBackwardResident : Policy::kForwardMinBlocks;
+      const double step_cost = policy == LanePolicy::Wide ? 0.82 : 1.0;
+      for (int64_t count = 1; count <= std::min<int64_t>(chunks, 64); ++count) {
+        const int64_t segment_chunks = (chunks + count - 1) / count;
+        const int64_t segments = (chunks + segment_chunks - 1) / segment_chunks;
+        const double time = step_cost * static_cast<double>(segment_chunks) *
+                            (pass_time(blocks * segments, Policy::kWarps, resident, sms) +
+                             first_pass * pass_time(blocks * (segments - 1), Policy::kWarps, resident, sms));
+        if (time < 0.97 * best_time) {
+          best_time = time;
+          plan.lane_policy = policy;
+          plan.segment_chunks = segment_chunks;
+          plan.segments = segments;
+        }
+      }
+    });
   }
-  plan.segment_chunks = (chunks + best - 1) / best;
-  plan.segments = (chunks + plan.segment_chunks - 1) / plan.segment_chunks;
-  return plan;
 }
 
 // Copies the plan's split (and a backward's blocks of channels kept apart) into the params the kernels
@@ -141,14 +178,16 @@ Params split_as(const ssm::Plan& plan, const Params& params) {
 }  // namespace
 
 ssm::Plan make_plan(const ssm::ForwardParams& params) {
-  ssm::Plan plan = plan_segments<false>(params, 0.5);
+  ssm::Plan plan;
+  plan_lanes<false>(params, plan);
   // The segments' end states and decay products, [2][segments - 1][batch * d][n].
   plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
   return plan;
 }
 
 ssm::Plan make_plan(const ssm::BackwardParams& params) {
-  ssm::Plan plan = plan_segments<true>(params, 0.2);
+  ssm::Plan plan;
+  plan_lanes<true>(params, plan);
   const bool varying = params.B.varying || params.C.varying;
   if (params.deterministic && varying) {
     // The lane kernels sum each block's terms over its channels in a fixed order; the blocks' sums are
@@ -158,7 +197,7 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
           "linrec.selective_scan_backward: deterministic sums of a varying B's or C's gradient on the GPU need B "
           "and C varying with the same groups, n <= 64 and a float32 state, got n = " + std::to_string(params.n) +
           (params.state_dtype == DType::Float32 ? "" : " and a float64 state"));
-    ssm::lanes::dispatch_policy<true>(params, multiprocessors(), [&]<typename Policy>() {
+    ssm::lanes::with_policy<true>(plan.lane_policy, params.n, [&]<typename Policy>() {
       plan.channel_blocks = ssm::lanes::blocks_per_group<Policy>(params);
     });
   }
@@ -169,7 +208,7 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
 void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
     const ssm::ForwardParams split = split_as(plan, params);
-    dispatch_lanes<false>(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+    dispatch_lanes<false>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed>() {
       if (plan.segments > 1)
         launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, 0, stream);
       launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, false>, split, plan.segments, 0, stream);
@@ -190,7 +229,7 @@ void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_
 void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
     const ssm::BackwardParams split = split_as(plan, params);
-    dispatch_lanes<true>(params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+    dispatch_lanes<true>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed>() {
       constexpr int64_t kShared = sizeof(ssm::lanes::BackwardShared<Policy>);
       if (plan.segments > 1)
         launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, kShared,

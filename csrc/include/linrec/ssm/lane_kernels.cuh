@@ -71,17 +71,20 @@ int64_t blocks_of(const ForwardParams& p) {
   return p.batch * p.B.groups * blocks_per_group<Policy>(p);
 }
 
-// The policy of a call: four state dims a lane (four lanes a channel up to n = 16, sixteen up to 64,
-// where the forward's blocks take eight warps, twice the channels for one tile of B and C, if that
-// leaves two blocks per SM at least); one state dim a lane where the call has too few channels to fill
-// the GPU even with its rows split along time (short rows of few channels).
+// Calls body.template operator()<Policy>() for a plan's policy (ssm::LanePolicy): four state dims a
+// lane, four lanes a channel up to n = 16 and sixteen up to 64 (Narrow; Wide: the forward's blocks of
+// eight warps, twice the channels for one tile of B and C), or one state dim a lane and sixteen lanes a
+// channel (Single, for short rows of few channels). The backward has no Wide policy.
 template <bool Backward, typename Body>
-void dispatch_policy(const ForwardParams& p, int64_t multiprocessors, Body&& body) {
-  using Wide = Policy<16, 4, 8>;
-  if (p.n > 16 && !Backward && blocks_of<Wide>(p) >= 4 * multiprocessors) body.template operator()<Wide>();
-  else if (p.n > 16) body.template operator()<Policy<16, 4>>();
-  else if (blocks_of<Policy<4, 4>>(p) * chunks_of(p.length) < 2 * multiprocessors) body.template operator()<Policy<16, 1>>();
-  else body.template operator()<Policy<4, 4>>();
+void with_policy(LanePolicy policy, int64_t n, Body&& body) {
+  if (policy == LanePolicy::Single) body.template operator()<Policy<16, 1>>();
+  else if (n <= 16) body.template operator()<Policy<4, 4>>();
+  else if constexpr (!Backward) {
+    if (policy == LanePolicy::Wide) body.template operator()<Policy<16, 4, 8>>();
+    else body.template operator()<Policy<16, 4>>();
+  } else {
+    body.template operator()<Policy<16, 4>>();
+  }
 }
 
 // Whether the family takes a call: B and C varying with the same groups, n <= 64, a float state.

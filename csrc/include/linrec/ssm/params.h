@@ -90,11 +90,16 @@ struct Sequences {
   }
 };
 
-// How a call runs on the GPU: its rows split along time into `segments` of `segment_chunks` chunks;
-// in a deterministic backward, the blocks of channels whose varying B and C gradient terms are kept
-// apart and summed in a fixed order (0: added across blocks atomically); and the zeroed workspace that
-// takes (bytes, 16-byte aligned).
+// The lane kernels' policies (ssm/lane_kernels.cuh: with_policy): one state dim a lane (Single), four
+// in blocks of four warps (Narrow) or, in the forward above n = 16, of eight (Wide).
+enum class LanePolicy : int8_t { Single, Narrow, Wide };
+
+// How a call runs on the GPU: the lane kernels' policy; its rows split along time into `segments` of
+// `segment_chunks` chunks; in a deterministic backward, the blocks of channels whose varying B and C
+// gradient terms are kept apart and summed in a fixed order (0: added across blocks atomically); and
+// the zeroed workspace that takes (bytes, 16-byte aligned).
 struct Plan {
+  LanePolicy lane_policy = LanePolicy::Narrow;
   int64_t segments = 1, segment_chunks = 0;
   int64_t channel_blocks = 0;
   int64_t workspace_bytes = 0;
