@@ -106,9 +106,11 @@ void dispatch_lanes(const ssm::Plan& plan, const ssm::ForwardParams& params, Bod
 // The relative rate at which an SM runs the lane kernels' steps with `warps` warps resident: they are
 // bound by the latency of the exp2 unit and of shared memory, which more warps hide. Measured on an
 // H100 as the times of bfloat16 rows of 2048 and 5120 channels (n = 16 and 64) split into 1 to 64
-// segments, at 4, 8, 12, 16 and 20 warps.
+// segments, at 4, 8, 12, 16 and 20 warps; the backward's blocks (two an SM at most) took as long
+// alone as in pairs.
+template <bool Backward>
 double warp_rate(int64_t warps) {
-  constexpr double kRates[] = {0.0, 0.5, 0.78, 0.9, 0.95, 1.0};
+  constexpr double kRates[] = {0.0, Backward ? 0.39 : 0.5, 0.78, 0.9, 0.95, 1.0};
   if (warps >= 20) return 1.0;
   const int64_t below = warps / 4;
   return kRates[below] + static_cast<double>(warps % 4) / 4 * (kRates[below + 1] - kRates[below]);
@@ -117,9 +119,12 @@ double warp_rate(int64_t warps) {
 // The modelled time of a pass of `blocks` blocks of `warps` warps, `resident` of them at most on an SM
 // at once, per step of a block: the SMs take the blocks in turns, and a turn of k blocks takes
 // k * warps / warp_rate(k * warps).
+template <bool Backward>
 double pass_time(int64_t blocks, int64_t warps, int64_t resident, int64_t sms) {
   const int64_t per_sm = (blocks + sms - 1) / sms;
-  const auto turn = [&](int64_t k) { return k == 0 ? 0.0 : static_cast<double>(k * warps) / warp_rate(k * warps); };
+  const auto turn = [&](int64_t k) {
+    return k == 0 ? 0.0 : static_cast<double>(k * warps) / warp_rate<Backward>(k * warps);
+  };
   return static_cast<double>(per_sm / resident) * turn(resident) + turn(per_sm % resident);
 }
 
@@ -151,8 +156,8 @@ void plan_lanes(const ssm::ForwardParams& params, ssm::Plan& plan) {
         const int64_t segment_chunks = (chunks + count - 1) / count;
         const int64_t segments = (chunks + segment_chunks - 1) / segment_chunks;
         const double time = step_cost * static_cast<double>(segment_chunks) *
-                            (pass_time(blocks * segments, Policy::kWarps, resident, sms) +
-                             first_pass * pass_time(blocks * (segments - 1), Policy::kWarps, resident, sms));
+                            (pass_time<Backward>(blocks * segments, Policy::kWarps, resident, sms) +
+                             first_pass * pass_time<Backward>(blocks * (segments - 1), Policy::kWarps, resident, sms));
         if (time < 0.97 * best_time) {
           best_time = time;
           plan.lane_policy = policy;
