@@ -366,10 +366,16 @@ using ChannelSteps = float[Policy::kChannels][Policy::kSteps + 4];
 template <typename Policy>
 using LanePartials = float[Policy::kSteps][Policy::kThreads + 4];
 
+// A tile's (dt, dt u) per step of the block's channels, [slot][step]: the forward's step reads its pair
+// in one access, as the shared-memory pipe is what its steps are short of at n <= 16. Rows padded as
+// ChannelSteps' are.
+template <typename Policy>
+using ChannelStepPairs = float2[Policy::kChannels][Policy::kSteps + 2];
+
 template <typename Policy>
 struct __align__(16) ForwardShared {
   typename ProjectionTile<Policy, float>::Storage projections[2];
-  ChannelSteps<Policy> dt[2], dtu[2];
+  ChannelStepPairs<Policy> steps[2];
   LanePartials<Policy> partial;
 };
 
@@ -514,8 +520,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     float dt[kShare], dtu[kShare];
     share_step_sizes<kShare>(p, now[kDelta], now[kU], at.share_begin(t0), bias, dt, dtu);
     if constexpr (Ends) add_step_sizes<kShare>(dt_sum, dt);
-    store_floats<kShare>(&shared.dt[buffer][at.slot][at.share_offset()], dt);
-    store_floats<kShare>(&shared.dtu[buffer][at.slot][at.share_offset()], dtu);
+    #pragma unroll
+    for (int i = 0; i < kShare; ++i) shared.steps[buffer][at.slot][at.share_offset() + i] = make_float2(dt[i], dtu[i]);
   };
   const auto ended = [&](int64_t s, const float (&state)[kStates]) {
     if constexpr (Ends) restarted = true;
@@ -542,8 +548,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     #pragma unroll 4
     for (int t = 0; t < kSteps; ++t) {
       walk.before_step(ch, t0 + t, h, ended);
-      const float dt = shared.dt[buffer][at.slot][t];
-      const float y = recur<kStates>(h, A2, dt, shared.dtu[buffer][at.slot][t],
+      const float2 step = shared.steps[buffer][at.slot][t];
+      const float y = recur<kStates>(h, A2, step.x, step.y,
                                      &shared.projections[buffer][0][t][at.state(0)],
                                      &shared.projections[buffer][1][t][at.state(0)]);
       if constexpr (!Ends) shared.partial[t][threadIdx.x] = y;
