@@ -356,26 +356,21 @@ __device__ __forceinline__ void share_step_sizes(const ForwardParams& p, const f
   }
 }
 
-// A tile's per-step values of the block's channels ([slot][step], rows padded so that the lanes of
-// a warp reading one step of their channels meet in distinct banks).
-template <typename Policy>
-using ChannelSteps = float[Policy::kChannels][Policy::kSteps + 4];
+// A tile's per-step values of the block's channels as V, [slot][step]: a lane reads a step's values
+// in one access, as the shared-memory pipe is what the forward's steps are short of at n <= 16. Rows
+// are padded by 16 bytes, so that the channels of a warp reading one step meet in distinct banks.
+template <typename Policy, typename V>
+using ChannelSteps = V[Policy::kChannels][Policy::kSteps + 16 / sizeof(V)];
 
 // A tile's per-lane partial sums over the lane's state dims, [step][thread]: a warp writes a step in
 // one access; a channel's lanes are neighbouring threads.
 template <typename Policy>
 using LanePartials = float[Policy::kSteps][Policy::kThreads + 4];
 
-// A tile's (dt, dt u) per step of the block's channels, [slot][step]: the forward's step reads its pair
-// in one access, as the shared-memory pipe is what its steps are short of at n <= 16. Rows padded as
-// ChannelSteps' are.
-template <typename Policy>
-using ChannelStepPairs = float2[Policy::kChannels][Policy::kSteps + 2];
-
 template <typename Policy>
 struct __align__(16) ForwardShared {
   typename ProjectionTile<Policy, float>::Storage projections[2];
-  ChannelStepPairs<Policy> steps[2];
+  ChannelSteps<Policy, float2> steps[2];  // (dt, dt u)
   LanePartials<Policy> partial;
 };
 
@@ -589,8 +584,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
 template <typename Policy>
 struct __align__(16) BackwardShared {
   typename ProjectionTile<Policy, float>::Storage projections[2];
-  ChannelSteps<Policy> dt[2], dtu[2];
-  ChannelSteps<Policy> dy[2];  // d out * silu(z): the gradient of the ungated output
+  // (dt, dt u, dy, unused), dy = d out * silu(z) the gradient of the ungated output.
+  ChannelSteps<Policy, float4> steps[2];
   LanePartials<Policy> partial[2];
   float terms[Policy::kChannels][Policy::kTermStride];  // a varying B or C gradient's terms, [step][state dim]
 };
@@ -791,15 +786,14 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
     #pragma unroll
     for (int r = 0; r < kRows; ++r)
       if (adjoint || r == kDelta || r == kU) runs.unpack(r, now[r]);
-    float dt[kShare], dtu[kShare], dy[kShare];
+    float dt[kShare], dtu[kShare];
     share_step_sizes<kShare>(p, now[kDelta], now[kU], at.share_begin(t0), bias, dt, dtu);
     if constexpr (Ends) add_step_sizes<kShare>(dt_sum, dt);
-    store_floats<kShare>(&shared.dt[buffer][at.slot][at.share_offset()], dt);
-    store_floats<kShare>(&shared.dtu[buffer][at.slot][at.share_offset()], dtu);
-    if (!adjoint) return;
     #pragma unroll
-    for (int i = 0; i < kShare; ++i) dy[i] = p.z ? now[kOut][i] * silu(now[kZ][i]) : now[kOut][i];
-    store_floats<kShare>(&shared.dy[buffer][at.slot][at.share_offset()], dy);
+    for (int i = 0; i < kShare; ++i) {
+      const float dy = !adjoint ? 0.0f : p.z ? now[kOut][i] * silu(now[kZ][i]) : now[kOut][i];
+      shared.steps[buffer][at.slot][at.share_offset() + i] = make_float4(dt[i], dtu[i], dy, 0.0f);
+    }
   };
 
   int64_t chunk = last_chunk;
@@ -819,9 +813,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
     const bool more = next_chunk >= first_chunk;
     const bool next_adjoint = more && (Ends || next_stage >= tiles_of(next_chunk));
     if (more) fetch(tile_of(next_chunk, next_stage) * kSteps, next_adjoint);
-    const float* dts = shared.dt[buffer][at.slot];
-    const float* dtus = shared.dtu[buffer][at.slot];
-    const float* dys = shared.dy[buffer][at.slot];
+    const float4* steps = shared.steps[buffer][at.slot];  // (dt, dt u, dy, unused)
     const auto& Bs = shared.projections[buffer][0];
     const auto& Cs = shared.projections[buffer][1];
     const auto ignore = [](int64_t, const float (&)[kStates]) {};
@@ -833,8 +825,9 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         if (back.before_step(ch, t0 + t, carried)) restarted = true;
         float c[kStates];
         load_floats<kStates>(&Cs[t][at.state(0)], c);
+        const float4 step = steps[t];
         #pragma unroll
-        for (int i = 0; i < kStates; ++i) carried[i] = decay_from_log2(dts[t], A2[i]) * (dys[t] * c[i] + carried[i]);
+        for (int i = 0; i < kStates; ++i) carried[i] = decay_from_log2(step.x, A2[i]) * (step.z * c[i] + carried[i]);
       }
     } else if (stage < m) {
       // The states before each tile, from the chunk's checkpoint.
@@ -848,7 +841,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       #pragma unroll
       for (int t = 0; t < kSteps; ++t) {
         walk.before_step(ch, t0 + t, h, ignore);
-        recur<kStates>(h, A2, dts[t], dtus[t], &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
+        const float4 step = steps[t];
+        recur<kStates>(h, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
       }
     } else {
       // The tile's states again, in registers, with the ungated output's per-lane terms and C's gradient.
@@ -859,12 +853,13 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       #pragma unroll
       for (int t = 0; t < kSteps; ++t) {
         tile_walk.before_step(ch, t0 + t, x, ignore);
-        shared.partial[0][t][threadIdx.x] = recur<kStates>(x, A2, dts[t], dtus[t], &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
+        const float4 step = steps[t];
+        shared.partial[0][t][threadIdx.x] = recur<kStates>(x, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
         float terms[kStates];
         #pragma unroll
         for (int i = 0; i < kStates; ++i) {
           states[t][i] = x[i];
-          terms[i] = at.active ? dys[t] * x[i] : 0.0f;
+          terms[i] = at.active ? step.z * x[i] : 0.0f;
         }
         store_floats<kStates>(&shared.terms[at.slot][t * Policy::kMaxStates + at.state(0)], terms);
       }
@@ -888,7 +883,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         }
         load_floats<kStates>(&Bs[t][at.state(0)], b);
         load_floats<kStates>(&Cs[t][at.state(0)], c);
-        const float dt = dts[t], dtu = dtus[t], dy = dys[t];
+        const float4 step_values = steps[t];
+        const float dt = step_values.x, dtu = step_values.y, dy = step_values.z;
         float q_step = 0.0f, r_step = 0.0f;
         #pragma unroll
         for (int i = 0; i < kStates; ++i) {
@@ -914,7 +910,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       #pragma unroll
       for (int i = 0; i < kShare; ++i) {
         const int offset = at.share_offset() + i;
-        const float u = now[kU][i], dt = dts[offset], dy = dys[offset];
+        const float u = now[kU][i], dt = steps[offset].x, dy = steps[offset].z;
         d_u[i] = q_sum[i] * dt + D * dy;
         const float d_dt = q_sum[i] * u + r_sum[i];
         d_delta[i] = p.delta_softplus ? d_dt * softplus_slope(now[kDelta][i] + bias) : d_dt;
