@@ -32,8 +32,9 @@ _OP = "linrec.selective_scan"
 #: on linrec.linrec's backend of that name.
 SELECTIVE_SCAN_BACKENDS = ("auto", "composed", *(name for name in BACKENDS if name != "auto"))
 _COMPLEX = (torch.complex64, torch.complex128)
-# A complex dtype's real part (what dtype.to_real gives, which torch.compile does not trace).
+# A complex dtype's real part (what dtype.to_real gives, which torch.compile does not trace), and back.
 _REAL_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+_COMPLEX_OF = {real: complex_dtype for complex_dtype, real in _REAL_PART.items()}
 
 
 def selective_scan(
@@ -131,10 +132,11 @@ def selective_scan(
         if tensor is not None:
             real_dtype = torch.promote_types(real_dtype, _REAL_PART.get(tensor.dtype, tensor.dtype))
     complex_state = A.is_complex()
-    if runs_fused(backend, u.device, complex_state, _sums_in_fixed_order(A, B, C, real_dtype)):
-        out, last_state = _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype)
+    state_dtype = _COMPLEX_OF[real_dtype] if complex_state else real_dtype
+    if runs_fused(backend, u.device, _sums_in_fixed_order(A, B, C, real_dtype)):
+        out, last_state = _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
+                                 state_dtype)
         return (out, last_state) if return_last_state else out
-    state_dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}[real_dtype] if complex_state else real_dtype
 
     # The small operands are made contiguous (they hold no n dim), so that the products below come out
     # as (batch, d, n, length) with time last and contiguous, whatever the strides of the arguments.
@@ -173,19 +175,23 @@ def selective_scan(
 
 def _sums_in_fixed_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, real_dtype: torch.dtype) -> bool:
     """Whether the fused backward on the GPU can sum the gradients of B and C in a fixed order: both fixed, or
-    both varying with the same groups (shared: one), n <= 64 and a float32 state, which the lane kernels take
-    (csrc/include/linrec/ssm/lane_kernels.cuh)."""
+    both varying with the same groups (shared: one), n <= 64, a real A and a float32 state, which the lane
+    kernels take (csrc/include/linrec/ssm/lane_kernels.cuh)."""
     if B.dim() == 2 and C.dim() == 2:
         return True
+    if A.is_complex():
+        return False
     groups = [1 if M.dim() == 3 else M.shape[1] for M in (B, C) if M.dim() > 2]
     return len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= 64 and real_dtype == torch.float32
 
 
-def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens,
-           real_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused kernels' call (real A): the per-step operands in one dtype (u's, delta's and z's common
-    one, or float64 where any argument is), the rest in the state dtype (float32, or float64), B and C
-    varying as (batch, groups, n, length)."""
+def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype: torch.dtype,
+           state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused kernels' call: the per-step operands in one dtype (u's, delta's and z's common one, or float64
+    where any argument is), D and delta_bias in the real dtype (float32, or float64), A and initial in the state
+    dtype (that, or its complex type beside a complex A), B and C varying as (batch, groups, n, length): in the
+    state dtype for a complex A (interleaved pairs read as complex numbers), else in the per-step or the real
+    dtype."""
     if real_dtype == torch.float64:
         values = torch.float64
     else:
@@ -193,23 +199,24 @@ def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seql
         for tensor in (delta, z):
             if tensor is not None:
                 values = torch.promote_types(values, tensor.dtype)
-    state = real_dtype
 
     def per_step(tensor):
         return None if tensor is None else tensor.to(values).contiguous()
 
-    def small(tensor):
-        return None if tensor is None else tensor.to(state).contiguous()
+    def small(tensor, dtype=real_dtype):
+        return None if tensor is None else tensor.to(dtype).contiguous()
 
     def projection(M, dtype):
-        return small(M) if M.dim() == 2 else (M if M.dim() == 4 else M.unsqueeze(1)).to(dtype).contiguous()
+        if state_dtype.is_complex:
+            return _as_operand(M, state_dtype, u.shape[-1])
+        return small(M, state_dtype) if M.dim() == 2 else (M if M.dim() == 4 else M.unsqueeze(1)).to(dtype).contiguous()
 
     varying = [M.dtype for M in (B, C) if M.dim() > 2]
     wide = any(dtype != values for dtype in varying)
-    projection_dtype = state if wide else values
-    out, last_state = fused(per_step(u), per_step(delta), small(A), projection(B, projection_dtype),
+    projection_dtype = real_dtype if wide else values
+    out, last_state = fused(per_step(u), per_step(delta), small(A, state_dtype), projection(B, projection_dtype),
                             projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), delta_softplus,
-                            small(initial), None if cu_seqlens is None else cu_seqlens.contiguous())
+                            small(initial, state_dtype), None if cu_seqlens is None else cu_seqlens.contiguous())
     return out.to(u.dtype), last_state
 
 

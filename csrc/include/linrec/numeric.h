@@ -25,9 +25,21 @@ template <typename Real>
 LINREC_HOST_DEVICE Complex<Real> operator+(Complex<Real> a, Complex<Real> b) { return {a.re + b.re, a.im + b.im}; }
 
 template <typename Real>
+LINREC_HOST_DEVICE Complex<Real> operator-(Complex<Real> a, Complex<Real> b) { return {a.re - b.re, a.im - b.im}; }
+
+template <typename Real>
 LINREC_HOST_DEVICE Complex<Real> operator*(Complex<Real> a, Complex<Real> b) {
   return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
 }
+
+// A complex number scaled by a real one (the selective scan's real step sizes and inputs).
+template <typename Real>
+LINREC_HOST_DEVICE Complex<Real> operator*(Complex<Real> a, Real b) { return {a.re * b, a.im * b}; }
+template <typename Real>
+LINREC_HOST_DEVICE Complex<Real> operator*(Real a, Complex<Real> b) { return {a * b.re, a * b.im}; }
+
+template <typename Real>
+LINREC_HOST_DEVICE Complex<Real>& operator+=(Complex<Real>& a, Complex<Real> b) { return a = a + b; }
 
 // Two neighbouring channels that one thread scans side by side, each with its own recurrence: the
 // 16-bit types along strided time load and store both with one 4-byte access (a warp then moves 128
@@ -72,6 +84,26 @@ template <typename Real>
 LINREC_HOST_DEVICE Complex<Real> conj(Complex<Real> value) { return {value.re, -value.im}; }
 template <typename Real>
 LINREC_HOST_DEVICE std::enable_if_t<std::is_floating_point_v<Real>, Real> conj(Real value) { return value; }
+
+// The real type of a real or complex one.
+template <typename T>
+struct real_of {
+  using type = T;
+};
+template <typename Real>
+struct real_of<Complex<Real>> {
+  using type = Real;
+};
+template <typename T>
+using real_t = typename real_of<T>::type;
+
+// Re(a * conj(b)): the real inner product of two complex numbers as 2-vectors (a * b for real ones),
+// which is how a real quantity's gradient collects a complex one's under PyTorch's convention.
+template <typename S>
+LINREC_HOST_DEVICE real_t<S> real_dot(S a, S b) {
+  if constexpr (is_complex<S>::value) return a.re * b.re + a.im * b.im;
+  else return a * b;
+}
 
 // 16-bit element types are loaded into float and accumulated there; the rest accumulate as they are.
 template <typename T>

@@ -194,7 +194,7 @@ inline Arguments check_arguments(const char* op, const char* values_name, const 
   }
   LINREC_CHECK(broadcastable, op, ": coeffs must be broadcastable to the shape of ", values_name, " ",
                shape_string(args.sizes), ", got ", shape_string(coeffs));
-  LINREC_CHECK(!(log_coeffs && (args.dtype == DType::Complex64 || args.dtype == DType::Complex128)), op,
+  LINREC_CHECK(!(log_coeffs && is_complex_dtype(args.dtype)), op,
                ": log_coeffs=True takes real coefficients (the log of a complex coefficient is ambiguous), got ",
                dtype_string(coeffs));
 

@@ -29,6 +29,8 @@ inline const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
+inline bool is_complex_dtype(DType dtype) { return dtype == DType::Complex64 || dtype == DType::Complex128; }
+
 // The op layer merges the dims other than time into at most this many "batch" dims (dropping size-1
 // dims and fusing dims that every operand steps through evenly); tensors needing more are refused.
 constexpr int kMaxBatchDims = 8;

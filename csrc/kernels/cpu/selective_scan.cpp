@@ -16,15 +16,21 @@
 namespace linrec::ssm {
 namespace {
 
+// Calls body.template operator()<T, S>() for the call's element type T and state type S (real, or
+// complex beside a complex A).
 template <typename Body>
-void dispatch_values(DType dtype, Body&& body) {
-  dispatch_dtype<c10::Half, c10::BFloat16>(dtype, [&]<typename T>() {
-    if constexpr (!is_complex<T>::value) body.template operator()<T, accumulator_t<T>>();
+void dispatch_values(const ForwardParams& params, Body&& body) {
+  dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
+    if constexpr (!is_complex<T>::value) {
+      using R = accumulator_t<T>;
+      if (is_complex_dtype(params.state_dtype)) body.template operator()<T, Complex<R>>();
+      else body.template operator()<T, R>();
+    }
   });
 }
 
 void forward_cpu(const ForwardParams& params, const Tensor&) {
-  dispatch_values(params.dtype, [&]<typename T, typename S>() {
+  dispatch_values(params, [&]<typename T, typename S>() {
     torch::stable::parallel_for(0, params.batch * params.d, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) sequential::forward_row<T, S>(params, row / params.d, row % params.d);
     });
@@ -41,7 +47,7 @@ int64_t channels_per_task(const BackwardParams& params) {
 
 void backward_cpu(const BackwardParams& params, const Tensor&) {
   const int64_t channels = channels_per_task(params), tasks_per_row = params.d / channels;
-  dispatch_values(params.dtype, [&]<typename T, typename S>() {
+  dispatch_values(params, [&]<typename T, typename S>() {
     torch::stable::parallel_for(0, params.batch * tasks_per_row, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / tasks_per_row, first = task % tasks_per_row * channels;

@@ -22,7 +22,7 @@ _FORWARD = torch.ops.linrec.selective_scan_forward.default
 _BACKWARD = torch.ops.linrec.selective_scan_backward.default
 
 
-def _state_dtype(u: torch.Tensor) -> torch.dtype:
+def _real_dtype(u: torch.Tensor) -> torch.dtype:
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
 
@@ -36,7 +36,7 @@ def _forward_fake(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_soft
     batch, d, length = u.shape
     n = A.shape[1]
     sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    state = _state_dtype(u)
+    state = A.dtype  # the state's type: real, or complex beside a complex A (the op checks it)
     chunks = (length + CHUNK - 1) // CHUNK
     return (u.new_empty(u.shape), u.new_empty((batch, d, chunks, n), dtype=state),
             u.new_empty((sequences, d, n), dtype=state))
@@ -45,13 +45,12 @@ def _forward_fake(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_soft
 @torch.library.register_fake("linrec::selective_scan_backward")
 def _backward_fake(d_out, d_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens,
                    checkpoints, deterministic=False):
-    state = _state_dtype(u)
+    def like(tensor: torch.Tensor | None) -> torch.Tensor:
+        # Each gradient has its argument's dtype; an absent argument's is empty, of the real dtype.
+        return u.new_empty((0,), dtype=_real_dtype(u)) if tensor is None else torch.empty_like(tensor)
 
-    def like(tensor: torch.Tensor | None, dtype: torch.dtype = state) -> torch.Tensor:
-        return u.new_empty((0,), dtype=state) if tensor is None else u.new_empty(tensor.shape, dtype=dtype)
-
-    return (u.new_empty(u.shape), u.new_empty(u.shape), like(A), like(B, B.dtype), like(C, C.dtype), like(D),
-            like(z, u.dtype), like(delta_bias), like(initial))
+    return (u.new_empty(u.shape), u.new_empty(u.shape), like(A), like(B), like(C), like(D), like(z), like(delta_bias),
+            like(initial))
 
 
 _INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus", "initial", "cu_seqlens")
@@ -110,15 +109,15 @@ def _reproducible_sums_required() -> bool:
     return torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
 
 
-def runs_fused(backend: str, device: torch.device, complex_state: bool, sums_in_fixed_order: bool) -> bool:
-    """Whether linrec.selective_scan takes the fused kernels: backend "auto", a real A, a CPU tensor or a GPU the
+def runs_fused(backend: str, device: torch.device, sums_in_fixed_order: bool) -> bool:
+    """Whether linrec.selective_scan takes the fused kernels: backend "auto", a CPU tensor or a GPU the
     build's CUDA kernels run on, and, where ``torch.use_deterministic_algorithms(True)`` asks for reproducible
     results on the GPU, a call whose fused backward can sum its gradients in a fixed order
     (``sums_in_fixed_order``: B and C fixed, or varying where the lane kernels take them; the other kernels
     add a varying B's and C's gradient terms with atomic adds, in an order that varies from run to run, and
     the composed scan runs instead). With ``warn_only=True`` the fused kernels stay, as torch keeps its own
     nondeterministic kernels then."""
-    if backend != "auto" or complex_state:
+    if backend != "auto":
         return False
     if device.type == "cpu":
         return True

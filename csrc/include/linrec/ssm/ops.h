@@ -21,8 +21,13 @@ using torch::headeronly::ScalarType;
 struct Shape {
   int64_t batch = 0, d = 0, n = 0, length = 0, sequences = 0;
   ScalarType values = ScalarType::Float;  // T: u, delta, z, out
-  ScalarType state = ScalarType::Float;   // S
+  ScalarType real = ScalarType::Float;    // R: float32, or float64 beside float64 T; D and delta_bias
+  ScalarType state = ScalarType::Float;   // S: R, or complex beside a complex A
 };
+
+inline bool is_complex_type(ScalarType type) {
+  return type == ScalarType::ComplexFloat || type == ScalarType::ComplexDouble;
+}
 
 inline bool is_real_floating(ScalarType type) {
   return type == ScalarType::Float || type == ScalarType::Double || type == ScalarType::Half ||
@@ -41,14 +46,14 @@ inline void check_tensor(const char* op, const char* name, const Tensor& tensor,
   LINREC_CHECK(tensor.is_contiguous(), op, ": ", name, " must be contiguous");
 }
 
-// B or C: fixed (d, n) in S, or varying (batch, groups, n, length) in T or S.
+// B or C: fixed (d, n) in S, or varying (batch, groups, n, length) in T or a real S, or in a complex S.
 inline Projection check_projection(const char* op, const char* name, const Tensor& M, const Tensor& u,
                                    const Shape& shape) {
   Projection projection;
   projection.data = M.const_data_ptr();
+  const std::string state_text = dtype_string(shape.state);
   if (M.dim() == 2) {
-    check_tensor(op, name, M, u, {shape.state}, shape.state == ScalarType::Float ? "torch.float32" : "torch.float64",
-                 {shape.d, shape.n}, "fixed: (d, n)");
+    check_tensor(op, name, M, u, {shape.state}, state_text.c_str(), {shape.d, shape.n}, "fixed: (d, n)");
     return projection;
   }
   LINREC_CHECK(M.dim() == 4, op, ": ", name, " must be fixed (d, n) or varying (batch, groups, n, length), got shape ",
@@ -57,8 +62,12 @@ inline Projection check_projection(const char* op, const char* name, const Tenso
   projection.groups = M.size(1);
   LINREC_CHECK(projection.groups > 0 && shape.d % projection.groups == 0, op, ": the groups of ", name,
                " (its dim 1, ", projection.groups, ") must divide d = ", shape.d, ", got shape ", shape_string(M));
-  check_tensor(op, name, M, u, {shape.values, shape.state}, "the dtype of u or of A",
-               {shape.batch, projection.groups, shape.n, shape.length}, "varying: (batch, groups, n, length)");
+  if (is_complex_type(shape.state))
+    check_tensor(op, name, M, u, {shape.state}, state_text.c_str(), {shape.batch, projection.groups, shape.n, shape.length},
+                 "varying: (batch, groups, n, length)");
+  else
+    check_tensor(op, name, M, u, {shape.values, shape.state}, "the dtype of u or of A",
+                 {shape.batch, projection.groups, shape.n, shape.length}, "varying: (batch, groups, n, length)");
   projection.wide = M.scalar_type() != shape.values;
   return projection;
 }
@@ -68,6 +77,8 @@ inline DType element_type(ScalarType type) {
     case ScalarType::Double: return DType::Float64;
     case ScalarType::Half: return DType::Float16;
     case ScalarType::BFloat16: return DType::BFloat16;
+    case ScalarType::ComplexFloat: return DType::Complex64;
+    case ScalarType::ComplexDouble: return DType::Complex128;
     default: return DType::Float32;
   }
 }
@@ -92,19 +103,23 @@ inline ForwardParams check_arguments(const char* op, Shape& shape, const Tensor&
   LINREC_CHECK(u.dim() == 3, op, ": u must be 3-dim (batch, d, length), got shape ", shape_string(u));
   LINREC_CHECK(u.is_contiguous(), op, ": u must be contiguous");
   shape.values = u.scalar_type();
-  shape.state = shape.values == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  shape.real = shape.values == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   shape.batch = u.size(0);
   shape.d = u.size(1);
   shape.length = u.size(2);
-  const char* state_text = shape.state == ScalarType::Float ? "torch.float32" : "torch.float64";
+  const std::string real_text = dtype_string(shape.real);
   LINREC_CHECK(A.dim() == 2 && A.size(0) == shape.d, op, ": A must be (d, n) with d = ", shape.d, ", got shape ",
                shape_string(A));
   shape.n = A.size(1);
-  check_tensor(op, "A", A, u, {shape.state}, state_text, {shape.d, shape.n}, "(d, n)");
+  const ScalarType complex_state = shape.real == ScalarType::Double ? ScalarType::ComplexDouble : ScalarType::ComplexFloat;
+  const std::string A_text = real_text + " or " + dtype_string(complex_state);
+  check_tensor(op, "A", A, u, {shape.real, complex_state}, A_text.c_str(), {shape.d, shape.n}, "(d, n)");
+  shape.state = A.scalar_type();
+  const std::string state_text = dtype_string(shape.state);
   check_tensor(op, "delta", delta, u, {shape.values}, "the dtype of u", sizes_of(u), "u's");
   if (z) check_tensor(op, "z", *z, u, {shape.values}, "the dtype of u", sizes_of(u), "u's");
-  if (D) check_tensor(op, "D", *D, u, {shape.state}, state_text, {shape.d}, "(d,)");
-  if (delta_bias) check_tensor(op, "delta_bias", *delta_bias, u, {shape.state}, state_text, {shape.d}, "(d,)");
+  if (D) check_tensor(op, "D", *D, u, {shape.real}, real_text.c_str(), {shape.d}, "(d,)");
+  if (delta_bias) check_tensor(op, "delta_bias", *delta_bias, u, {shape.real}, real_text.c_str(), {shape.d}, "(d,)");
   shape.sequences = shape.batch;
   ForwardParams params;
   if (cu_seqlens) {
@@ -118,7 +133,7 @@ inline ForwardParams check_arguments(const char* op, Shape& shape, const Tensor&
   params.sequences.count = shape.sequences;
   params.sequences.length = shape.length;
   if (initial)
-    check_tensor(op, "initial", *initial, u, {shape.state}, state_text, {shape.sequences, shape.d, shape.n},
+    check_tensor(op, "initial", *initial, u, {shape.state}, state_text.c_str(), {shape.sequences, shape.d, shape.n},
                  "(sequences, d, n)");
   params.dtype = element_type(shape.values);
   params.state_dtype = element_type(shape.state);
@@ -178,11 +193,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   static_cast<ForwardParams&>(params) =
       check_arguments(op, shape, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens);
   check_tensor(op, "d_out", d_out, u, {shape.values}, "the dtype of u", sizes_of(u), "u's");
-  const char* state_text = shape.state == ScalarType::Float ? "torch.float32" : "torch.float64";
-  check_tensor(op, "checkpoints", checkpoints, u, {shape.state}, state_text,
+  const std::string state_text = dtype_string(shape.state);
+  check_tensor(op, "checkpoints", checkpoints, u, {shape.state}, state_text.c_str(),
                {shape.batch, shape.d, chunks_of(shape.length), shape.n}, "(batch, d, chunks, n)");
   if (d_last_state)
-    check_tensor(op, "d_last_state", *d_last_state, u, {shape.state}, state_text,
+    check_tensor(op, "d_last_state", *d_last_state, u, {shape.state}, state_text.c_str(),
                  {shape.sequences, shape.d, shape.n}, "(sequences, d, n)");
   params.d_out = d_out.const_data_ptr();
   params.vectorized = params.vectorized && rows_aligned({&d_out});
@@ -190,7 +205,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   params.saved_checkpoints = checkpoints.const_data_ptr();
   params.deterministic = deterministic;
 
-  const auto empty = [&] { return torch::stable::new_empty(u, {0}, shape.state); };
+  const auto empty = [&] { return torch::stable::new_empty(u, {0}, shape.real); };
   Tensor d_u = torch::stable::new_empty(u, sizes_of(u));
   Tensor d_delta = torch::stable::new_empty(u, sizes_of(u));
   Tensor d_z = z ? torch::stable::new_empty(u, sizes_of(u)) : empty();
@@ -201,8 +216,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
     return torch::stable::new_zeros(u, sizes_of(M), shape.state);
   };
   Tensor d_B = projection_gradient(B), d_C = projection_gradient(C);
-  Tensor d_D = D ? torch::stable::new_empty(u, {shape.batch, shape.d}, shape.state) : empty();
-  Tensor d_delta_bias = delta_bias ? torch::stable::new_empty(u, {shape.batch, shape.d}, shape.state) : empty();
+  Tensor d_D = D ? torch::stable::new_empty(u, {shape.batch, shape.d}, shape.real) : empty();
+  Tensor d_delta_bias = delta_bias ? torch::stable::new_empty(u, {shape.batch, shape.d}, shape.real) : empty();
   Tensor d_initial = initial ? torch::stable::new_empty(u, {shape.sequences, shape.d, shape.n}, shape.state) : empty();
   params.d_u = d_u.mutable_data_ptr();
   params.d_delta = d_delta.mutable_data_ptr();

@@ -1,11 +1,12 @@
 // The elementwise arithmetic of the selective scan, shared by the CPU loop and the CUDA kernels so
-// that both compute the same values: the step size's softplus, the gate's SiLU, and the decay
-// exp(delta * A), with their derivatives.
+// that both compute the same values: the step size's softplus, the gate's SiLU, the decay
+// exp(delta * A) (real or complex), with their derivatives, and the readout of a complex state.
 #pragma once
 
 #include <cmath>
 #include <type_traits>
 
+#include "linrec/numeric.h"  // Complex, real_t
 #include "linrec/params.h"  // LINREC_HOST_DEVICE
 
 namespace linrec::ssm {
@@ -87,11 +88,31 @@ LINREC_HOST_DEVICE S step_size(S delta, S bias, bool delta_softplus) {
   return delta_softplus ? softplus(shifted) : shifted;
 }
 
-// exp(dt * A): the state's decay over one step.
+// exp(dt * A): the state's decay over one step; for a complex A, exp(dt Re A) times the rotation by
+// dt Im A.
 template <typename S>
-LINREC_HOST_DEVICE S decay(S dt, S A) {
+LINREC_HOST_DEVICE S decay(real_t<S> dt, S A) {
+  using std::cos;
   using std::exp;
-  return exp(dt * A);
+  using std::sin;
+  if constexpr (is_complex<S>::value) {
+    const real_t<S> magnitude = exp(dt * A.re), angle = dt * A.im;
+    return {magnitude * cos(angle), magnitude * sin(angle)};
+  } else {
+    return exp(dt * A);
+  }
 }
+
+// What the output takes from a sum over the state dims of C x: the sum itself, or twice its real part
+// for a complex state (whose state dims each stand for a conjugate pair, as in mamba_ssm).
+template <typename S>
+LINREC_HOST_DEVICE real_t<S> readout(S sum) {
+  if constexpr (is_complex<S>::value) return 2 * sum.re;
+  else return sum;
+}
+
+// The factor readout() applies: the gradient of the sum, d readout / d sum, under PyTorch's convention.
+template <typename S>
+constexpr real_t<S> kReadoutScale = is_complex<S>::value ? 2 : 1;
 
 }  // namespace linrec::ssm
