@@ -1,7 +1,7 @@
 // The fused selective scan's translation unit: its two kernel families, the lane family
 // (ssm/lane_kernels.cuh) for Mamba's operands and the block family (ssm/kernels.cuh) for the rest,
 // instantiated for every element type of u (T), of varying B and C (W: T, or the state type S beside
-// 16-bit T).
+// 16-bit T or a complex A).
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
@@ -24,9 +24,10 @@ void dispatch_types(const ssm::ForwardParams& params, Body&& body) {
   dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
     if constexpr (!is_complex<T>::value) {
       using S = accumulator_t<T>;
-      // Varying B and C share one dtype (the op layer checks it).
+      // Varying B and C share one dtype (the op layer checks it): a complex state's is S.
       const bool wide = (params.B.varying && params.B.wide) || (params.C.varying && params.C.wide);
-      if constexpr (std::is_same_v<T, S>) body.template operator()<T, T, S>();
+      if (is_complex_dtype(params.state_dtype)) body.template operator()<T, Complex<S>, Complex<S>>();
+      else if constexpr (std::is_same_v<T, S>) body.template operator()<T, T, S>();
       else if (wide) body.template operator()<T, S, S>();
       else body.template operator()<T, T, S>();
     }
@@ -201,7 +202,7 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
       throw std::invalid_argument(
           "linrec.selective_scan_backward: deterministic sums of a varying B's or C's gradient on the GPU need B "
           "and C varying with the same groups, n <= 64 and a float32 state, got n = " + std::to_string(params.n) +
-          (params.state_dtype == DType::Float32 ? "" : " and a float64 state"));
+          (params.state_dtype == DType::Float32 ? "" : std::string(" and a ") + dtype_name(params.state_dtype) + " state"));
     ssm::lanes::with_policy<true>(plan.lane_policy, params.n, [&]<typename Policy>() {
       plan.channel_blocks = ssm::lanes::blocks_per_group<Policy>(params);
     });

@@ -1,5 +1,6 @@
 // The fused selective scan on the GPU for the calls the lane family (ssm/lane_kernels.cuh) does not
-// take: B or C fixed, n above 64, float64. One block per (batch row, channel) walks time in chunks of
+// take: B or C fixed, n above 64, float64, a complex A. The state type S is real or complex; the
+// per-step values (u, delta, z, out and their gradients) are real, R. One block per (batch row, channel) walks time in chunks of
 // kChunk steps (its kThreads threads hold kItems consecutive steps each) and, for every state dim j,
 // scans the chunk with the block-scan primitive (block_scan.h), the state before the chunk carried in
 // shared memory. u, delta, z and out move between memory and registers once per chunk; B and C once
@@ -7,8 +8,8 @@
 // to memory (checkpoints), and the last state of every sequence.
 //
 // The backward walks the chunks from last to first: it recomputes a chunk's states from its
-// checkpoint, scans the adjoint backwards (g_t = dy_t * C_t + exp(dt_{t+1} * A) * g_{t+1}) with the
-// same primitive, the adjoint after the chunk carried in shared memory, and forms every gradient from
+// checkpoint, scans the adjoint backwards (g_t = dy_t * C_t + exp(dt_{t+1} * A) * g_{t+1}, with
+// the conjugates of C and the decay for a complex state) with the same primitive, the adjoint after the chunk carried in shared memory, and forms every gradient from
 // the two. The shared gradients are reduced without atomics where they are per channel (A, D,
 // delta_bias, fixed B and C: per-warp sums in shared memory, then per-row partials that the op layer
 // adds up over the batch); varying B and C, shared by the channels of a group, are added up across
@@ -139,6 +140,17 @@ struct FixedCarry {
   __device__ __forceinline__ S operator()(const Affine<S>&) const { return value; }
 };
 
+// Adds a value across blocks: a complex one as its two parts.
+template <typename S>
+__device__ __forceinline__ void atomic_add(S* address, S value) {
+  if constexpr (is_complex<S>::value) {
+    atomicAdd(&address->re, value.re);
+    atomicAdd(&address->im, value.im);
+  } else {
+    atomicAdd(address, value);
+  }
+}
+
 // Adds values[i] to row[t0 + i] for the steps inside the row, across blocks.
 template <int Items, typename S>
 __device__ __forceinline__ void add_across_blocks(S* row, int64_t t0, int64_t length, const S (&values)[Items],
@@ -156,7 +168,7 @@ __device__ __forceinline__ void add_across_blocks(S* row, int64_t t0, int64_t le
 #endif
   #pragma unroll
   for (int i = 0; i < Items; ++i)
-    if (t0 + i < length) atomicAdd(row + t0 + i, values[i]);
+    if (t0 + i < length) atomic_add(row + t0 + i, values[i]);
 }
 
 // One channel's rows of B or C: state dim j's at first + j * stride (a varying one's time row, or a fixed
@@ -172,6 +184,7 @@ struct ProjectionRows {
 // One (batch row, channel)'s view of the operands.
 template <typename T, typename W, typename S>
 struct Channel {
+  using R = real_t<S>;
   const ForwardParams& p;
   int64_t b, k, row;
   ProjectionRows B_rows, C_rows;
@@ -182,7 +195,7 @@ struct Channel {
 
   __device__ __forceinline__ const T* values(const void* data) const { return static_cast<const T*>(data) + row * p.length; }
   __device__ __forceinline__ T* values(void* data) const { return static_cast<T*>(data) + row * p.length; }
-  __device__ __forceinline__ S per_channel(const void* data) const { return data ? static_cast<const S*>(data)[k] : S(0); }
+  __device__ __forceinline__ R per_channel(const void* data) const { return data ? static_cast<const R*>(data)[k] : R(0); }
   __device__ __forceinline__ S A(int64_t j) const { return static_cast<const S*>(p.A)[k * p.n + j]; }
   __device__ __forceinline__ int64_t state_index(int64_t s, int64_t j) const { return (s * p.d + k) * p.n + j; }
   __device__ __forceinline__ S initial(int64_t s, int64_t j) const {
@@ -206,12 +219,12 @@ struct Channel {
   // The chunk's step sizes from delta (loaded into dt), and dt * u; 0 past the length, where the maps are
   // then the identity and add nothing.
   template <typename Policy>
-  __device__ __forceinline__ void step_sizes(const ChunkIO<Policy>& io, S bias, S (&dt)[Policy::kItems],
-                                             const S (&u)[Policy::kItems], S (&dtu)[Policy::kItems]) const {
+  __device__ __forceinline__ void step_sizes(const ChunkIO<Policy>& io, R bias, R (&dt)[Policy::kItems],
+                                             const R (&u)[Policy::kItems], R (&dtu)[Policy::kItems]) const {
     const int64_t left = p.length - io.step(0);
     #pragma unroll
     for (int i = 0; i < Policy::kItems; ++i) {
-      dt[i] = i < left ? step_size(dt[i], bias, p.delta_softplus) : S(0);
+      dt[i] = i < left ? step_size(dt[i], bias, p.delta_softplus) : R(0);
       dtu[i] = dt[i] * u[i];
     }
   }
@@ -219,8 +232,8 @@ struct Channel {
   // The step's map of state dim j: coeff x + value, a sequence's first step taking its initial state.
   // A2 = scaled_log2(A). Steps past the length have dt = 0 (step_sizes): the identity map.
   template <int Items>
-  __device__ __forceinline__ void step_maps(const Boundaries<Items>& bounds, int64_t first, S A2, const S (&dt)[Items],
-                                            const S (&dtu)[Items], const S (&B)[Items], int64_t j, S (&coeff)[Items],
+  __device__ __forceinline__ void step_maps(const Boundaries<Items>& bounds, int64_t first, S A2, const R (&dt)[Items],
+                                            const R (&dtu)[Items], const S (&B)[Items], int64_t j, S (&coeff)[Items],
                                             S (&value)[Items]) const {
     #pragma unroll
     for (int i = 0; i < Items; ++i) {
@@ -259,15 +272,16 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) forward_
       for (int64_t j = 0; j < n; ++j) last_state[ch.state_index(s, j)] = ch.initial(s, j);
     });
   __syncthreads();
-  const S bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
+  using R = real_t<S>;
+  const R bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
   int storage_turn = 0;  // which scan storage the next scan takes: they alternate from scan to scan
 
   for (int64_t c = 0; c < chunks; ++c) {
     const ChunkIO<Policy> io{c * kChunk, p.length, p.vectorized};
     const int64_t first = io.step(0);
-    S u[kItems], dt[kItems], dtu[kItems], y[kItems];
-    io.load(ch.values(p.u), u, S(0));
-    io.load(ch.values(p.delta), dt, S(0));
+    R u[kItems], dt[kItems], dtu[kItems], y[kItems];
+    io.load(ch.values(p.u), u, R(0));
+    io.load(ch.values(p.delta), dt, R(0));
     ch.step_sizes(io, bias, dt, u, dtu);
     #pragma unroll
     for (int i = 0; i < kItems; ++i) y[i] = D * u[i];
@@ -283,7 +297,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) forward_
       if (threadIdx.x == 0) checkpoints[c * n + j] = carry.before;
       ch.projection(p.C, ch.C_rows, j, io, M);
       #pragma unroll
-      for (int i = 0; i < kItems; ++i) y[i] += M[i] * value[i];
+      for (int i = 0; i < kItems; ++i) y[i] += readout(M[i] * value[i]);
       if (bounds.ends) {
         #pragma unroll
         for (int i = 0; i < kItems; ++i)
@@ -291,8 +305,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) forward_
       }
     }
     if (p.z) {
-      S z[kItems];
-      io.load(ch.values(p.z), z, S(0));
+      R z[kItems];
+      io.load(ch.values(p.z), z, R(0));
       #pragma unroll
       for (int i = 0; i < kItems; ++i) y[i] *= silu(z[i]);
     }
@@ -303,13 +317,14 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) forward_
 template <typename T, typename W, typename S, typename Policy, bool Packed>
 __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward_kernel(const BackwardParams p) {
   constexpr int kItems = Policy::kItems, kWarps = Policy::kWarps;
+  using R = real_t<S>;
   // The two scans of a state dim alternate their storages (TileScan's Alternating).
   using ForwardScan = TileScan<32, kWarps, kItems, /*Reverse=*/false, /*Compensated=*/false, Packed, true>;
   using ReverseScan = TileScan<32, kWarps, kItems, /*Reverse=*/true, /*Compensated=*/false, Packed, true>;
   __shared__ typename ForwardScan::template Storage<S> forward_storage;
   __shared__ typename ReverseScan::template Storage<S> reverse_storage;
-  __shared__ S warp_first_coeff[kWarps];  // each warp's first coefficient, for the warp before it
-  __shared__ S block_sums[2][kWarps];
+  __shared__ S warp_first_coeff[kWarps];  // each warp's first (conjugated) coefficient, for the warp before it
+  __shared__ R block_sums[2][kWarps];
   extern __shared__ __align__(16) unsigned char dynamic_storage[];
   const int64_t n = p.n, chunks = chunks_of(p.length);
   // [2][n]: the adjoint carried into this chunk and the one before (exp(dt * A) * g at the chunk's
@@ -331,20 +346,20 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
       for (int64_t j = 0; j < n; ++j) static_cast<S*>(p.d_initial)[ch.state_index(s, j)] = d_last(s, j);
     });
   __syncthreads();
-  const S bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
-  S sum_D = 0, sum_delta_bias = 0;  // this thread's terms of d_D and d_delta_bias
+  const R bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
+  R sum_D = 0, sum_delta_bias = 0;  // this thread's terms of d_D and d_delta_bias
 
   for (int64_t c = chunks - 1; c >= 0; --c) {
     const ChunkIO<Policy> io{c * kChunk, p.length, p.vectorized};
     const int64_t first = io.step(0);
-    S u[kItems], dt[kItems], dtu[kItems], dy[kItems], y[kItems], d_u[kItems], d_dt[kItems];
-    io.load(ch.values(p.u), u, S(0));
-    io.load(ch.values(p.delta), dt, S(0));
-    io.load(ch.values(p.d_out), dy, S(0));
+    R u[kItems], dt[kItems], dtu[kItems], dy[kItems], y[kItems], d_u[kItems], d_dt[kItems];
+    io.load(ch.values(p.u), u, R(0));
+    io.load(ch.values(p.delta), dt, R(0));
+    io.load(ch.values(p.d_out), dy, R(0));
     ch.step_sizes(io, bias, dt, u, dtu);
     if (p.z) {
-      S z[kItems];
-      io.load(ch.values(p.z), z, S(0));
+      R z[kItems];
+      io.load(ch.values(p.z), z, R(0));
       #pragma unroll
       for (int i = 0; i < kItems; ++i) dy[i] *= silu(z[i]);
     }
@@ -352,7 +367,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
     for (int i = 0; i < kItems; ++i) {
       y[i] = D * u[i];
       d_u[i] = dy[i] * D;
-      d_dt[i] = S(0);
+      d_dt[i] = R(0);
       sum_D += dy[i] * u[i];
     }
     const Boundaries<kItems> bounds(p.sequences, ch.b, first, p.length);
@@ -364,13 +379,13 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
       S coeff[kItems], x[kItems], B[kItems], C[kItems], next[kItems], g[kItems];
       ch.projection(p.B, ch.B_rows, j, io, B);
       ch.step_maps(bounds, first, A2, dt, dtu, B, j, coeff, x);
-      // next[i]: the coefficient through which step i's adjoint reaches back from step i + 1 (0
-      // where that step starts a sequence). The chunk's last step takes 1: the carried adjoint
-      // already holds the next chunk's coefficient.
-      const S first_coeff = coeff[0];
+      // next[i]: the (conjugated) coefficient through which step i's adjoint reaches back from step
+      // i + 1 (0 where that step starts a sequence). The chunk's last step takes 1: the carried
+      // adjoint already holds the next chunk's coefficient.
+      const S first_coeff = conj(coeff[0]);
       #pragma unroll
-      for (int i = 0; i + 1 < kItems; ++i) next[i] = coeff[i + 1];
-      const S next_lane_first = __shfl_down_sync(0xffffffffu, first_coeff, 1);
+      for (int i = 0; i + 1 < kItems; ++i) next[i] = conj(coeff[i + 1]);
+      const S next_lane_first = shuffled(first_coeff, [](auto part) { return __shfl_down_sync(0xffffffffu, part, 1); });
       if (lane == 0) warp_first_coeff[warp] = first_coeff;
       FixedCarry<S> checkpoint{checkpoints[c * n + j]};
       ForwardScan::scan(x, coeff, forward_storage, checkpoint);  // synchronizes the block
@@ -379,8 +394,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
       ch.projection(p.C, ch.C_rows, j, io, C);
       #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        y[i] += C[i] * x[i];
-        g[i] = dy[i] * C[i];
+        y[i] += readout(C[i] * x[i]);
+        g[i] = kReadoutScale<S> * dy[i] * conj(C[i]);
       }
       if (bounds.ends) {
         #pragma unroll
@@ -395,12 +410,15 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
       #pragma unroll
       for (int i = 0; i < kItems; ++i) {
         const S b_value = dtu[i] * B[i];
-        const S d_decay = g[i] * (x[i] - b_value);  // d out / d exp(dt * A), times exp(dt * A)
-        d_u[i] += g[i] * B[i] * dt[i];
-        d_dt[i] += g[i] * B[i] * u[i] + d_decay * A;
+        // d out / d exp(dt * A), times the decay's conjugate: the state before the step is
+        // (x - b_value) / exp(dt * A).
+        const S d_decay = g[i] * conj(x[i] - b_value);
+        const R d_input = real_dot(g[i], B[i]);  // d out / d (dt * u)
+        d_u[i] += d_input * dt[i];
+        d_dt[i] += d_input * u[i] + real_dot(d_decay, A);
         part_A += d_decay * dt[i];
         d_B[i] = g[i] * dtu[i];
-        d_C[i] = dy[i] * x[i];
+        d_C[i] = kReadoutScale<S> * dy[i] * conj(x[i]);
         part_B += d_B[i];
         part_C += d_C[i];
       }
@@ -409,7 +427,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
         for (int i = 0; i < kItems; ++i)
           if (bounds.starts >> i & 1)
             static_cast<S*>(p.d_initial)[ch.state_index(bounds.sequence_of(p.sequences, first + i), j)] =
-                decay_from_log2(dt[i], A2) * g[i];
+                conj(decay_from_log2(dt[i], A2)) * g[i];
       }
       // Per-channel sums go to the warp's slot; a varying projection's terms, per step, across blocks.
       const auto add_to_sums = [&](S* sums, S part) {
@@ -426,8 +444,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
       add_projection_gradient(p.C, ch.C_rows, p.d_C, sums_C, part_C, d_C);
     }
 
-    S delta[kItems];
-    io.load(ch.values(p.delta), delta, S(0));
+    R delta[kItems];
+    io.load(ch.values(p.delta), delta, R(0));
     #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (p.delta_softplus) d_dt[i] *= softplus_slope(delta[i] + bias);
@@ -436,9 +454,9 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
     io.store(ch.values(p.d_u), d_u);
     io.store(ch.values(p.d_delta), d_dt);
     if (p.z) {
-      S z[kItems], d_out[kItems];
-      io.load(ch.values(p.z), z, S(0));
-      io.load(ch.values(p.d_out), d_out, S(0));
+      R z[kItems], d_out[kItems];
+      io.load(ch.values(p.z), z, R(0));
+      io.load(ch.values(p.d_out), d_out, R(0));
       #pragma unroll
       for (int i = 0; i < kItems; ++i) y[i] = d_out[i] * y[i] * silu_slope(z[i]);
       io.store(ch.values(p.d_z), y);
@@ -453,8 +471,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
     block_sums[1][warp] = sum_delta_bias;
   }
   __syncthreads();
-  const auto over_warps = [&](const S* sums, int64_t j, int64_t stride) {
-    S total = 0;
+  const auto over_warps = [&]<typename V>(const V* sums, int64_t j, int64_t stride) {
+    V total = 0;
     for (int w = 0; w < kWarps; ++w) total += sums[w * stride + j];
     return total;
   };
@@ -464,8 +482,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
     if (!p.C.varying) static_cast<S*>(p.d_C)[ch.row * n + j] = over_warps(sums_C, j, n);
   }
   if (threadIdx.x == 0) {
-    if (p.d_D) static_cast<S*>(p.d_D)[ch.row] = over_warps(block_sums[0], 0, 1);
-    if (p.d_delta_bias) static_cast<S*>(p.d_delta_bias)[ch.row] = over_warps(block_sums[1], 0, 1);
+    if (p.d_D) static_cast<R*>(p.d_D)[ch.row] = over_warps(block_sums[0], 0, 1);
+    if (p.d_delta_bias) static_cast<R*>(p.d_delta_bias)[ch.row] = over_warps(block_sums[1], 0, 1);
   }
 }
 
