@@ -417,10 +417,11 @@ def test_compile_fullgraph(device, seed, complex_A):
         assert_matches(got, want.cpu(), got.dtype, f"d_{name}")
 
 
-def test_export(device, seed):
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_export(device, seed, complex_A):
     """torch.export captures the call (packed, with initial and last states) as one graph around the fused
     forward op, and the exported program gives the eager results."""
-    arguments, options = make_arguments(device, torch.float32, False, length=20, batch=1)
+    arguments, options = make_arguments(device, torch.float32, complex_A, length=20, batch=1)
     arguments["initial"] = _initial(arguments, 3, device)
     names = [name for name, tensor in arguments.items() if tensor is not None]
     offsets = torch.tensor([0, 6, 6, 20], device=device)
@@ -442,10 +443,11 @@ def test_export(device, seed):
 CHUNK_LENGTHS = [8, 9, 17, 511, 512, 513, 1025]
 
 
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
 @pytest.mark.parametrize("length", CHUNK_LENGTHS)
-def test_chunk_boundaries(device, seed, length):
+def test_chunk_boundaries(device, seed, length, complex_A):
     """Outputs, last state and gradients across the fused kernels' chunks, with an initial state."""
-    arguments, options = make_arguments(device, torch.float32, False, "grouped", "shared", length=length, batch=1,
+    arguments, options = make_arguments(device, torch.float32, complex_A, "grouped", "shared", length=length, batch=1,
                                         d=2, n=2, groups=2)
     arguments["initial"] = _initial(arguments, 1, device)
     check_against_loop(arguments, options)
@@ -453,8 +455,9 @@ def test_chunk_boundaries(device, seed, length):
 
 @pytest.mark.parametrize("offsets", [[0, 1000, 1024, 1024, 1030, 2050], [0, 0, 1024, 2049, 2050], [0, 100, 100, 300, 400]],
                          ids=["inside-and-at-chunk-ends", "empty-first-at-the-end", "short-tile"])
-def test_packed_sequences_across_chunks(device, seed, offsets):
-    arguments, options = make_arguments(device, torch.float32, False, "shared", "grouped", length=offsets[-1],
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_packed_sequences_across_chunks(device, seed, offsets, complex_A):
+    arguments, options = make_arguments(device, torch.float32, complex_A, "shared", "grouped", length=offsets[-1],
                                         batch=1, d=2, n=2, groups=1)
     arguments["initial"] = _initial(arguments, len(offsets) - 1, device)
     check_against_loop(arguments, options, cu_seqlens=offsets)
@@ -506,10 +509,11 @@ def test_lane_kernels_packed(device, seed, offsets):
     check_against_loop(arguments, options, cu_seqlens=offsets)
 
 
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
 @pytest.mark.parametrize("n", [300, 1000])
-def test_state_dim_beyond_256(device, seed, n):
+def test_state_dim_beyond_256(device, seed, n, complex_A):
     """State dims past mamba_ssm's 256; on the GPU, 1000 takes more than the default 48 KB of shared memory."""
-    arguments, options = make_arguments(device, torch.float32, False, "fixed", "shared", length=5, batch=1, d=2, n=n)
+    arguments, options = make_arguments(device, torch.float32, complex_A, "fixed", "shared", length=5, batch=1, d=2, n=n)
     check_against_loop(arguments, options)
 
 
@@ -640,18 +644,20 @@ def test_more_than_2_31_elements(device, seed):
         assert_matches(last_channels(name, grad), wide(want), grad.dtype, f"d_{name}")
 
 
-def test_fused_ops_pass_opcheck(device, seed):
-    """The fused ops' schemas, fake kernels and autograd registration (torch.library.opcheck)."""
-    arguments, options = make_arguments(device, torch.float32, False, "grouped", "fixed", length=19, batch=1)
-    for name in ("B", "C"):
-        if arguments[name].dim() == 3:
-            arguments[name] = arguments[name].unsqueeze(1)
-    initial = random_values((2, D_INNER, N_STATE), torch.float32, device)
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
+def test_fused_ops_pass_opcheck(device, seed, complex_A):
+    """The fused ops' schemas, fake kernels and autograd registration (torch.library.opcheck); with a complex
+    A, the state, A, initial, B and C complex (a varying B as (batch, groups, n, length))."""
+    arguments, options = make_arguments(device, torch.float32, complex_A, "grouped", "fixed", length=19, batch=1)
+    if complex_A:
+        pairs = arguments["B"].unflatten(-1, (-1, 2))
+        arguments["B"] = torch.complex(pairs[..., 0], pairs[..., 1])
+    initial = random_values((2, D_INNER, N_STATE), arguments["A"].dtype, device)
     offsets = torch.tensor([0, 4, 19], device=device)
     forward_args = (arguments["u"], arguments["delta"], arguments["A"], arguments["B"], arguments["C"],
                     arguments["D"], arguments["z"], arguments["delta_bias"], True, initial, offsets)
     for tensor in forward_args:
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+        if isinstance(tensor, torch.Tensor) and (tensor.is_floating_point() or tensor.is_complex()):
             tensor.requires_grad_()
     torch.library.opcheck(torch.ops.linrec.selective_scan_forward.default, forward_args)
     out, checkpoints, last_state = torch.ops.linrec.selective_scan_forward(*forward_args)
@@ -729,7 +735,7 @@ def test_deterministic_mode_matches_the_loop(device, seed):
     """Under torch.use_deterministic_algorithms(True): lane-kernel calls (B and C varying with the same groups)
     and others (n above 64, which take the composed scan on the GPU) against the loop."""
     torch.use_deterministic_algorithms(True)
-    for n in (16, 65):
-        arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=600, batch=1,
-                                            n=n, groups=2)
+    for n, complex_A in ((16, False), (65, False), (16, True)):
+        arguments, options = make_arguments(device, torch.float32, complex_A, "grouped", "grouped", length=600,
+                                            batch=1, n=n, groups=2)
         check_against_loop(arguments, options)

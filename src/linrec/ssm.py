@@ -229,7 +229,7 @@ def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tenso
         M = M.unsqueeze(1)
     if dtype.is_complex and not M.is_complex():
         real = M.to(_REAL_PART[dtype])
-        return torch.complex(real[..., 0::2], real[..., 1::2])
+        return torch.complex(real[..., 0::2], real[..., 1::2]).contiguous()
     return M.to(dtype).contiguous()
 
 
