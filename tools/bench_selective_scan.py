@@ -1,10 +1,11 @@
 """linrec.selective_scan (the fused kernels) next to mamba_ssm's selective_scan_fn, in one process, on
 Mamba's shapes: batch 8, d in {2048, 5120}, n in {16, 64}, length in {2048, 8192}, and length 65536 at
 batch 1; B and C varying (shared by the channels), z, delta_bias and softplus; bfloat16 and float32
-(A, D and delta_bias float32). Times are medians of triton.testing.do_bench; peak memory is what one call
+(A, D and delta_bias float32). With --complex, a complex A (S4D-Lin's, -1/2 + i pi k) on smaller shapes, B
+and C as (real, imag) pairs. Times are medians of triton.testing.do_bench; peak memory is what one call
 allocates beyond its arguments. Needs a CUDA GPU, triton and mamba_ssm with its CUDA extension:
 
-    python tools/bench_selective_scan.py [--quick] [--json FILE]
+    python tools/bench_selective_scan.py [--quick] [--complex] [--json FILE]
 
 Prints a Markdown table (docs/benchmarks.md, Selective scan).
 """
@@ -23,17 +24,22 @@ from linrec.tools.bench import mamba_selective_scan
 SHAPES = ([(8, d, n, length) for d in (2048, 5120) for n in (16, 64) for length in (2048, 8192)]
           + [(1, d, n, 65536) for d in (2048, 5120) for n in (16, 64)])
 QUICK_SHAPES = [(8, 2048, 16, 2048), (8, 5120, 16, 8192), (8, 2048, 64, 2048)]
+COMPLEX_SHAPES = [(8, 1024, 16, 2048), (8, 2048, 16, 2048), (8, 1024, 64, 2048), (1, 2048, 16, 65536)]
 
 
-def arguments(batch: int, d: int, n: int, length: int, dtype: torch.dtype) -> list[torch.Tensor]:
+def arguments(batch: int, d: int, n: int, length: int, dtype: torch.dtype, complex_A: bool = False) -> list[torch.Tensor]:
     """u, delta, A, B, C, D, z, delta_bias, as Mamba passes them."""
     def activations():
         return torch.randn(batch, d, length, device="cuda", dtype=dtype)
 
-    return [activations(), (0.5 * torch.randn(batch, d, length, device="cuda") - 1).to(dtype),
-            -(0.5 + torch.rand(d, n, device="cuda")),
-            torch.randn(batch, n, length, device="cuda", dtype=dtype),
-            torch.randn(batch, n, length, device="cuda", dtype=dtype),
+    if complex_A:
+        A = torch.complex(torch.full((d, n), -0.5, device="cuda"), torch.pi * torch.arange(n, device="cuda").expand(d, n))
+    else:
+        A = -(0.5 + torch.rand(d, n, device="cuda"))
+    time_size = 2 * length if complex_A else length
+    return [activations(), (0.5 * torch.randn(batch, d, length, device="cuda") - 1).to(dtype), A,
+            torch.randn(batch, n, time_size, device="cuda", dtype=dtype),
+            torch.randn(batch, n, time_size, device="cuda", dtype=dtype),
             torch.randn(d, device="cuda"), activations(), 0.3 * torch.randn(d, device="cuda")]
 
 
@@ -61,6 +67,7 @@ def measure(scan, tensors: list[torch.Tensor], backward: bool) -> tuple[float, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="three shapes instead of the twelve")
+    parser.add_argument("--complex", action="store_true", help="a complex A, on smaller shapes")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     theirs = mamba_selective_scan()
@@ -80,8 +87,8 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
-        for shape in QUICK_SHAPES if args.quick else SHAPES:
-            tensors = arguments(*shape, dtype)
+        for shape in COMPLEX_SHAPES if args.complex else QUICK_SHAPES if args.quick else SHAPES:
+            tensors = arguments(*shape, dtype, args.complex)
             row = {"dtype": str(dtype).removeprefix("torch."), "shape": shape}
             for name, scan in scans.items():
                 (fwd, _), (both, peak) = measure(scan, tensors, False), measure(scan, tensors, True)

@@ -1,11 +1,12 @@
 """Mamba's selective scan (S6) on linrec's recurrence.
 
 The state ``x`` of shape (batch, d, n) evolves as ``x_t = exp(delta_t * A) * x_{t-1} + delta_t * B_t * u_t``
-and is read out as ``y_t = sum_n C_t * x_t``. Each (batch, d, n) entry of the state is an independent
-linear recurrence over time, so the whole scan is one ``linrec.linrec`` call on the expanded operands
-of shape (batch, d, n, length), laid out with time last and contiguous (the rows the kernels scan
-fastest). For real ``A`` the coefficients are passed as ``delta * A`` with ``log_coeffs=True``: the
-kernels exponentiate, and no tensor of ``exp(delta * A)`` is stored.
+and is read out as ``y_t = sum_n C_t * x_t``. The fused ops (``_core/selective_scan.py``, kernels in
+``csrc/include/linrec/ssm/``) keep the state on chip. The composed scan uses that each (batch, d, n) entry
+of the state is an independent linear recurrence over time: the whole scan is one ``linrec.linrec`` call on
+the expanded operands of shape (batch, d, n, length), laid out with time last and contiguous (the rows
+the kernels scan fastest). For real ``A`` its coefficients are passed as ``delta * A`` with
+``log_coeffs=True``: the kernels exponentiate, and no tensor of ``exp(delta * A)`` is stored.
 """
 
 from __future__ import annotations
@@ -67,15 +68,15 @@ def selective_scan(
     Computed in float32 at least: 16-bit arguments are read as float32 (state, products and sums in
     float32), float64 ones keep float64. Differentiable in every tensor argument.
 
-    With a real ``A`` on the CPU or a GPU the build's CUDA kernels run on, the scan runs fused
+    On the CPU or a GPU the build's CUDA kernels run on, with a real or a complex ``A``, the scan runs fused
     (``backend="auto"``): the state stays on chip, u, delta, z, B and C are read once and the output
     written once; only the state every 512 steps is kept for the backward, which recomputes the rest.
     Memory is then O(batch * d * length). The fused kernels give first derivatives. Under
     ``torch.use_deterministic_algorithms(True)`` the fused backward on the GPU sums a time-varying B's and
     C's gradients in a fixed order (each block of channels' sums kept apart, then added in block order)
-    where both vary with the same groups and n <= 64 in float32; other time-varying calls on the GPU, whose
-    fused gradient would be summed with atomic adds, take the composed scan then. Otherwise (complex
-    ``A``, ``backend="composed"``, or that deterministic case), the scan is one ``linrec.linrec`` call over
+    where both vary with the same groups and n <= 64 in float32 with a real ``A``; other time-varying calls on
+    the GPU, whose fused gradient would be summed with atomic adds, take the composed scan then. Otherwise
+    (``backend="composed"``, or that deterministic case), the scan is one ``linrec.linrec`` call over
     the expanded state, which takes memory: its coefficients, inputs and states are each
     batch * d * n * length elements of the compute dtype, and autograd keeps the states for the
     backward. The composed scan has derivatives of every order.

@@ -13,7 +13,7 @@
 // the two. The shared gradients are reduced without atomics where they are per channel (A, D,
 // delta_bias, fixed B and C: per-warp sums in shared memory, then per-row partials that the op layer
 // adds up over the batch); varying B and C, shared by the channels of a group, are added up across
-// blocks with one 16-byte atomic add per four steps (sm_90 and newer; per step before).
+// blocks with atomic adds, through shared memory so that a warp's fall on consecutive addresses.
 //
 // Packed sequences (and each unpacked row) restart the state at their first step: its coefficient
 // becomes 0 and its value exp(dt * A) * initial + dt * B * u, as in the linrec kernels
@@ -151,24 +151,41 @@ __device__ __forceinline__ void atomic_add(S* address, S value) {
   }
 }
 
-// Adds values[i] to row[t0 + i] for the steps inside the row, across blocks.
-template <int Items, typename S>
-__device__ __forceinline__ void add_across_blocks(S* row, int64_t t0, int64_t length, const S (&values)[Items],
-                                                  bool vectorized) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (std::is_same_v<S, float> && Items % 4 == 0) {
-    if (vectorized && t0 + Items <= length) {
-      #pragma unroll
-      for (int v = 0; v < Items / 4; ++v)
-        atomicAdd(reinterpret_cast<float4*>(row + t0) + v,
-                  make_float4(values[4 * v], values[4 * v + 1], values[4 * v + 2], values[4 * v + 3]));
-      return;
-    }
-  }
-#endif
+// Adds a tile's terms (each thread's Items consecutive steps) to row[tile_begin + ...], the steps
+// inside the row, across blocks. The terms pass through shared memory (`staging`, a tile of S) so that
+// a warp's atomic adds fall on consecutive addresses, 16 bytes a lane for float and complex64 on
+// sm_90 and newer where the row is aligned (`vectorized`): added from the threads' own steps, a
+// warp's adds spread over 32 separate sectors (a complex call's B and C gradients, added by every
+// channel, took 5 times its backward's other work so).
+template <typename Policy, typename S>
+__device__ __forceinline__ void add_across_blocks(S* row, int64_t tile_begin, int64_t length,
+                                                  const S (&values)[Policy::kItems], S* staging, bool vectorized) {
+  constexpr int kItems = Policy::kItems;
+  __syncthreads();  // the previous call's reads of the staging are done
   #pragma unroll
-  for (int i = 0; i < Items; ++i)
-    if (t0 + i < length) atomic_add(row + t0 + i, values[i]);
+  for (int i = 0; i < kItems; ++i) staging[threadIdx.x * kItems + i] = values[i];
+  __syncthreads();
+  const int64_t left = length - tile_begin;
+  row += tile_begin;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kVector = std::is_same_v<S, float> || std::is_same_v<S, Complex<float>>;
+#else
+  constexpr bool kVector = false;
+#endif
+  constexpr int kPerAdd = kVector ? 16 / sizeof(S) : 1;
+  #pragma unroll
+  for (int v = threadIdx.x; v < Policy::kTile / kPerAdd; v += Policy::kThreads) {
+    const int first = v * kPerAdd;
+    if constexpr (kVector) {
+      if (vectorized && first + kPerAdd <= left) {
+        atomicAdd(reinterpret_cast<float4*>(row + first), *reinterpret_cast<const float4*>(staging + first));
+        continue;
+      }
+    }
+    #pragma unroll
+    for (int k = 0; k < kPerAdd; ++k)
+      if (first + k < left) atomic_add(row + first + k, staging[first + k]);
+  }
 }
 
 // One channel's rows of B or C: state dim j's at first + j * stride (a varying one's time row, or a fixed
@@ -325,6 +342,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
   __shared__ typename ReverseScan::template Storage<S> reverse_storage;
   __shared__ S warp_first_coeff[kWarps];  // each warp's first (conjugated) coefficient, for the warp before it
   __shared__ R block_sums[2][kWarps];
+  __shared__ __align__(16) S staging[Policy::kTile];  // a varying projection's gradient terms (add_across_blocks)
   extern __shared__ __align__(16) unsigned char dynamic_storage[];
   const int64_t n = p.n, chunks = chunks_of(p.length);
   // [2][n]: the adjoint carried into this chunk and the one before (exp(dt * A) * g at the chunk's
@@ -436,7 +454,9 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) backward
       };
       const auto add_projection_gradient = [&](const Projection& M, const ProjectionRows& rows, void* gradient,
                                                S* sums, S part, const S (&terms)[kItems]) {
-        if (M.varying) add_across_blocks(static_cast<S*>(gradient) + rows.row(j), first, p.length, terms, p.vectorized);
+        if (M.varying)
+          add_across_blocks<Policy>(static_cast<S*>(gradient) + rows.row(j), io.tile_begin, p.length, terms, staging,
+                                    p.vectorized);
         else add_to_sums(sums, part);
       };
       add_to_sums(sums_A, part_A);
