@@ -1,16 +1,16 @@
 // The fused selective scan on the GPU for the calls the lane family (ssm/lane_kernels.cuh) does not
 // take: B or C fixed, n above 64, float64, a complex A. The state type S is real or complex; the
-// per-step values (u, delta, z, out and their gradients) are real, R. One block per (batch row, channel) walks time in chunks of
-// kChunk steps (its kThreads threads hold kItems consecutive steps each) and, for every state dim j,
-// scans the chunk with the block-scan primitive (block_scan.h), the state before the chunk carried in
-// shared memory. u, delta, z and out move between memory and registers once per chunk; B and C once
+// per-step values (u, delta, z, out and their gradients) are real, R. One block per (batch row,
+// channel) walks time in chunks of kChunk steps (its kThreads threads hold kItems consecutive steps
+// each) and, for every state dim j, scans the chunk with the block-scan primitive (block_scan.h), the
+// state before the chunk carried in shared memory. u, delta, z and out move between memory and registers once per chunk; B and C once
 // per state dim, shared by the channels through the caches. Only the state before every chunk goes
 // to memory (checkpoints), and the last state of every sequence.
 //
 // The backward walks the chunks from last to first: it recomputes a chunk's states from its
 // checkpoint, scans the adjoint backwards (g_t = dy_t * C_t + exp(dt_{t+1} * A) * g_{t+1}, with
-// the conjugates of C and the decay for a complex state) with the same primitive, the adjoint after the chunk carried in shared memory, and forms every gradient from
-// the two. The shared gradients are reduced without atomics where they are per channel (A, D,
+// the conjugates of C and the decay for a complex state) with the same primitive, the adjoint after
+// the chunk carried in shared memory, and forms every gradient from the two. The shared gradients are reduced without atomics where they are per channel (A, D,
 // delta_bias, fixed B and C: per-warp sums in shared memory, then per-row partials that the op layer
 // adds up over the batch); varying B and C, shared by the channels of a group, are added up across
 // blocks with atomic adds, through shared memory so that a warp's fall on consecutive addresses.
@@ -154,9 +154,8 @@ __device__ __forceinline__ void atomic_add(S* address, S value) {
 // Adds a tile's terms (each thread's Items consecutive steps) to row[tile_begin + ...], the steps
 // inside the row, across blocks. The terms pass through shared memory (`staging`, a tile of S) so that
 // a warp's atomic adds fall on consecutive addresses, 16 bytes a lane for float and complex64 on
-// sm_90 and newer where the row is aligned (`vectorized`): added from the threads' own steps, a
-// warp's adds spread over 32 separate sectors (a complex call's B and C gradients, added by every
-// channel, took 5 times its backward's other work so).
+// sm_90 and newer where the row is aligned (`vectorized`). Added from the threads' own steps, a
+// warp's adds would spread over 32 separate sectors, and every channel adds a full row per state dim.
 template <typename Policy, typename S>
 __device__ __forceinline__ void add_across_blocks(S* row, int64_t tile_begin, int64_t length,
                                                   const S (&values)[Policy::kItems], S* staging, bool vectorized) {
