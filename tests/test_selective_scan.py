@@ -393,6 +393,37 @@ def test_devices_must_match(device, seed):
         linrec.selective_scan(**arguments, **options)
 
 
+def test_torch_func_transforms(device, seed):
+    """torch.func.grad, vmap and jvp through linrec.selective_scan (the composed scan runs under a
+    transform) give autograd's gradients of the fused call, the per-item results and, the output being
+    linear in u, the output at the tangent."""
+    arguments, options = make_arguments(device, torch.float64, False, "shared", "grouped", length=21, batch=2)
+    rest = {name: tensor for name, tensor in arguments.items() if name not in ("u", "delta")}
+
+    def call(u, delta):
+        return linrec.selective_scan(u, delta, **rest, **options)
+
+    def loss(u, delta):
+        return call(u, delta).square().sum()
+
+    u, delta = arguments["u"], arguments["delta"]
+    grads = torch.func.grad(loss, argnums=(0, 1))(u, delta)
+    leaves = [u.clone().requires_grad_(), delta.clone().requires_grad_()]
+    expected = torch.autograd.grad(loss(*leaves), leaves)
+    for name, got, want in zip(("d_u", "d_delta"), grads, expected):
+        assert_matches(got, want.cpu(), torch.float64, f"torch.func.grad {name}")
+
+    stacked = torch.stack([u, 2 * u.flip(-1), -u])
+    batched = torch.func.vmap(call, in_dims=(0, None))(stacked, delta)
+    for index, item in enumerate(stacked):
+        assert_matches(batched[index], call(item, delta).cpu(), torch.float64, f"vmap item {index}")
+
+    tangent = random_values(u.shape, u.dtype, device)
+    out, out_tangent = torch.func.jvp(lambda u: call(u, delta), (u,), (tangent,))
+    assert_matches(out, call(u, delta).cpu(), torch.float64, "jvp output")
+    assert_matches(out_tangent, call(tangent, delta).cpu(), torch.float64, "jvp tangent")
+
+
 @pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
 def test_compile_fullgraph(device, seed, complex_A):
     """torch.compile(fullgraph=True) traces the whole call, packed sequences, initial and last states
@@ -527,9 +558,10 @@ def test_16_bit_across_chunks(device, seed, dtype):
         check_against_loop(arguments, options)
 
 
-def test_non_finite_values_follow_the_loop(device, seed):
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real", "complex"])
+def test_non_finite_values_follow_the_loop(device, seed, complex_A):
     """A NaN in u and an infinite step reach the outputs where the loop's reach them (forward)."""
-    arguments, options = make_arguments(device, torch.float64, False, "shared", "shared", length=40, batch=1, d=3,
+    arguments, options = make_arguments(device, torch.float64, complex_A, "shared", "shared", length=40, batch=1, d=3,
                                         n=2, delta_softplus=False)
     arguments["u"][0, 0, 7] = float("nan")
     arguments["delta"][0, 1, 20] = float("inf")
@@ -577,12 +609,13 @@ def test_infinite_state_across_split_rows(device, seed):
     _assert_matches_with_non_finite(d_initial, expected_d_initial, torch.float32, "d_initial")
 
 
-def test_non_finite_values_stay_in_their_packed_sequence(device, seed):
-    """Packed sequences in long rows of few channels (split along time on the GPU): an infinite state of
-    one sequence does not reach the next one's outputs or last state, and an infinite adjoint of one
-    does not reach the earlier one's gradients."""
+@pytest.mark.parametrize("complex_A", [False, True], ids=["real", "complex"])
+def test_non_finite_values_stay_in_their_packed_sequence(device, seed, complex_A):
+    """Packed sequences in long rows of few channels (split along time on the GPU for a real A): an
+    infinite state of one sequence does not reach the next one's outputs or last state, and an infinite
+    adjoint of one does not reach the earlier one's gradients."""
     offsets = [0, 1300, SPLIT_LENGTH]
-    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=SPLIT_LENGTH,
+    arguments, options = make_arguments(device, torch.float32, complex_A, "grouped", "grouped", length=SPLIT_LENGTH,
                                         batch=1, d=3, n=16, groups=1)
     cu_seqlens = torch.tensor(offsets, device=device)
     expected_out, expected_state = loop_reference(**{name: wide(tensor) for name, tensor in arguments.items()},

@@ -79,7 +79,8 @@ def selective_scan(
     (``backend="composed"``, or that deterministic case), the scan is one ``linrec.linrec`` call over
     the expanded state, which takes memory: its coefficients, inputs and states are each
     batch * d * n * length elements of the compute dtype, and autograd keeps the states for the
-    backward. The composed scan has derivatives of every order.
+    backward. The composed scan has derivatives of every order, and is what runs under ``torch.func``
+    transforms (``grad``, ``vmap``, ``jvp``, ``jacrev``, ...) and forward-mode AD.
 
     Args:
         u: the inputs, (batch, d, length), float32, float64, float16 or bfloat16.

@@ -68,7 +68,7 @@ TRITON = Kernels(torch.ops.linrec.triton_forward.default, torch.ops.linrec.trito
 _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
-def _plain_autograd() -> bool:
+def plain_autograd() -> bool:
     """True when no torch.func transform is active and no forward-mode AD level is open: an op call then
     has at most the ordinary reverse-mode node to record, and no operand can carry a tangent (forward_ad's
     own unpack_dual reads the same level to tell that a tensor has none)."""
@@ -80,10 +80,10 @@ def direct(tensors: tuple[torch.Tensor | None, ...]) -> bool:
     instead of calling the op: in eager mode (torch.compile and export trace the op),
     at the plain autograd level, and with no ``__torch_function__`` (operand subclass or mode) that
     would be handed the op."""
-    return not torch.compiler.is_compiling() and _plain_autograd() and not has_torch_function(tensors)
+    return not torch.compiler.is_compiling() and plain_autograd() and not has_torch_function(tensors)
 
 
-def _records(differentiable: tuple[torch.Tensor | None, ...]) -> bool:
+def records(differentiable: tuple[torch.Tensor | None, ...]) -> bool:
     """Whether an op call at the plain autograd level records a node: gradients enabled and an operand
     requiring one."""
     if torch.is_grad_enabled():
@@ -123,7 +123,7 @@ def check_single_forward_mode_level() -> None:
 def save_for_forward(ctx, *tensors: torch.Tensor | None) -> None:
     """Saves a Function's tensors for its jvp, which runs under forward-mode AD only: at the plain autograd
     level no tangent can reach it, and the call skips the save."""
-    if not _plain_autograd():
+    if not plain_autograd():
         ctx.save_for_forward(*tensors)
 
 
@@ -286,7 +286,7 @@ def apply_forward(kernels: Kernels, inputs: torch.Tensor, coeffs: torch.Tensor, 
     """What the forward op's Autograd kernel does with a call at the plain autograd level (where ``direct``
     holds), without the dispatcher's call into Python to reach it (about 3 us): applies the Function
     where the call records a node, else runs the kernels below the Autograd key."""
-    if _records((inputs, coeffs, initial)):
+    if records((inputs, coeffs, initial)):
         return _Forward.apply(inputs, coeffs, initial, cu_seqlens, (kernels, dim, reverse, log_coeffs, 0, 0))
     with torch._C._AutoDispatchBelowAutograd():
         return kernels.forward(inputs, coeffs, dim, reverse, initial, cu_seqlens, log_coeffs)
@@ -320,7 +320,7 @@ def _call_backward(kernels, d_outputs, coeffs, outputs, dim, reverse, initial, c
         return d_inputs, _reduce_to(d_coeffs, coeffs), d_initial
     if not direct((d_outputs, coeffs, outputs, initial, cu_seqlens)):
         return kernels.backward(d_outputs, coeffs, outputs, dim, reverse, initial, cu_seqlens, log_coeffs)
-    if _records((d_outputs, coeffs, outputs, initial)):
+    if records((d_outputs, coeffs, outputs, initial)):
         options = (kernels, dim, reverse, log_coeffs, 0, 0)
         return _Backward.apply(d_outputs, coeffs, outputs, initial, cu_seqlens, options)
     with torch._C._AutoDispatchBelowAutograd():
@@ -335,10 +335,10 @@ def autograd_kernel(keyset: torch._C.DispatchKeySet, function: type[_SingleLevel
     level; at the plain autograd level, the same where the call records a node (gradients enabled and a
     ``differentiable`` tensor requiring one), else the op's kernels below the Autograd key on
     ``op_arguments``."""
-    if not _plain_autograd():
+    if not plain_autograd():
         with enable_single_level_autograd_function():
             return function.apply(*arguments)
-    if _records(differentiable):
+    if records(differentiable):
         return function.apply(*arguments)
     return op.redispatch(keyset & _BELOW_AUTOGRAD, *op_arguments)
 

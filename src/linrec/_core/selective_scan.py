@@ -13,7 +13,9 @@ every tensor argument and through last_state); a second derivative raises.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import _SingleLevelFunction
 
+from .autograd import direct, plain_autograd, records
 from .backend import cuda_device_problem
 from .library import HAS_CUDA_KERNELS  # importing library loads the ops
 
@@ -67,16 +69,22 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, d_out, _d_checkpoints, d_last_state):
+    return _gradients(ctx, d_out, d_last_state, _BACKWARD)
+
+
+def _gradients(ctx, d_out, d_last_state, backward_op):
+    """The gradients of the forward op's 11 arguments, from ``backward_op`` (the backward op, or a call of it
+    below the Autograd key)."""
     saved = ctx.saved_tensors
     values = dict(zip(_TENSOR_INPUTS, saved[:-1]))
     checkpoints = saved[-1]
     u = values["u"]
     if d_out is None:
         d_out = torch.zeros_like(u)
-    grads = _BACKWARD(d_out.contiguous(), None if d_last_state is None else d_last_state.contiguous(), u,
-                      values["delta"], values["A"], values["B"], values["C"], values["D"], values["z"],
-                      values["delta_bias"], ctx.delta_softplus, values["initial"],
-                      values["cu_seqlens"], checkpoints, _reproducible_sums_required())
+    grads = backward_op(d_out.contiguous(), None if d_last_state is None else d_last_state.contiguous(), u,
+                        values["delta"], values["A"], values["B"], values["C"], values["D"], values["z"],
+                        values["delta_bias"], ctx.delta_softplus, values["initial"],
+                        values["cu_seqlens"], checkpoints, _reproducible_sums_required())
     d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial = grads
 
     def given(name, gradient):  # absent optional arguments get None (the op returns an empty tensor)
@@ -84,6 +92,31 @@ def _backward(ctx, d_out, _d_checkpoints, d_last_state):
 
     return (d_u, d_delta, d_A, d_B, d_C, given("D", d_D), given("z", d_z), given("delta_bias", d_delta_bias), None,
             given("initial", d_initial), None)
+
+
+def _backward_below_autograd(*arguments):
+    with torch._C._AutoDispatchBelowAutograd():
+        return _BACKWARD(*arguments)
+
+
+class _Fused(_SingleLevelFunction):
+    """The forward op's Autograd kernel's work at the plain autograd level (``autograd.direct``), done here
+    without the dispatcher's call into the registered kernel, which costs a short call about half its
+    host time: the same saved tensors and gradients. The backward op is called below the Autograd key
+    unless the backward records a graph (``create_graph``), where its own Autograd kernel refuses a
+    second derivative."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = _FORWARD(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, d_out, _d_checkpoints, d_last_state):
+        backward_op = _BACKWARD if torch.is_grad_enabled() else _backward_below_autograd
+        return _gradients(ctx, d_out, d_last_state, backward_op)
 
 
 torch.library.register_autograd("linrec::selective_scan_forward", _backward, setup_context=_setup_context)
@@ -116,8 +149,10 @@ def runs_fused(backend: str, device: torch.device, sums_in_fixed_order: bool) ->
     (``sums_in_fixed_order``: B and C fixed, or varying where the lane kernels take them; the other kernels
     add a varying B's and C's gradient terms with atomic adds, in an order that varies from run to run, and
     the composed scan runs instead). With ``warn_only=True`` the fused kernels stay, as torch keeps its own
-    nondeterministic kernels then."""
-    if backend != "auto":
+    nondeterministic kernels then. Under a torch.func transform or forward-mode AD the composed scan runs:
+    the fused ops have first reverse-mode derivatives only, the composed scan every transform of
+    ``linrec.linrec``."""
+    if backend != "auto" or not plain_autograd():
         return False
     if device.type == "cpu":
         return True
@@ -131,5 +166,13 @@ def runs_fused(backend: str, device: torch.device, sums_in_fixed_order: bool) ->
 
 def fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens):
     """The forward op with autograd: (out, last_state)."""
-    out, _checkpoints, last_state = _FORWARD(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens)
+    arguments = (u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens)
+    tensors = (u, delta, A, B, C, D, z, delta_bias, initial, cu_seqlens)
+    if not direct(tensors):
+        out, _checkpoints, last_state = _FORWARD(*arguments)
+    elif records(tensors):
+        out, _checkpoints, last_state = _Fused.apply(*arguments)
+    else:
+        with torch._C._AutoDispatchBelowAutograd():
+            out, _checkpoints, last_state = _FORWARD(*arguments)
     return out, last_state

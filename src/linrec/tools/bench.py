@@ -1,6 +1,7 @@
 """Throughput of linrec next to torch.add on the same shape and dtype, forward and backward.
 
     python -m linrec bench [--device cpu|cuda] [--dtypes float32,bfloat16] [--out bench-results]
+                           [--tables time-last,layouts,derivatives,selective-scan]
 
 Prints GB/s of every implementation and its ratio to torch.add measured in the same process (on a GPU
 with triton installed, the Triton kernels as "triton" beside the compiled ones as "linrec"), and
@@ -511,36 +512,50 @@ def write_outputs(rows: list[dict], out_dir: Path, device: torch.device) -> None
     print(f"wrote {png_path}")
 
 
+#: The tables main() can measure, in the order it prints them.
+TABLES = ("time-last", "layouts", "derivatives", "selective-scan")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m linrec bench", description=__doc__.split("\n\n")[0])
     default_device = "cuda" if torch.cuda.is_available() and HAS_CUDA_KERNELS else "cpu"
     parser.add_argument("--device", default=default_device, help=f"cpu or cuda (default: {default_device})")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for the CSV and PNG")
+    parser.add_argument("--tables", default=",".join(TABLES),
+                        help=f"comma-separated tables to measure, of {','.join(TABLES)} (default: all)")
     args = parser.parse_args(argv)
+    tables = [name.strip() for name in args.tables.split(",")]
+    unknown = [name for name in tables if name not in TABLES]
+    if unknown:
+        parser.error(f"--tables: expected names of {', '.join(TABLES)}, got {', '.join(map(repr, unknown))}")
 
     device = torch.device(args.device)
     dtypes = [getattr(torch, name.strip()) for name in args.dtypes.split(",")]
-    shapes = gpu_shapes(device) if device.type == "cuda" else CPU_SHAPES
     try:
         from tqdm import tqdm as progress
     except ImportError:
         progress = lambda cases: cases  # noqa: E731
     print(f"linrec {__version__}, torch {torch.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f" ({torch.get_num_threads()} threads)"))
-    rows = measure(device, dtypes, shapes, progress)
-    print_table(rows)
-    write_outputs(rows, args.out, device)
-    layout_rows = measure_layouts(device, dtypes, progress)
-    print()
-    print(LAYOUT_TITLE)
-    print_table(layout_rows, LAYOUT_COLUMNS, [])
-    write_csv(layout_rows, args.out / f"linrec-bench-layouts-{device.type}.csv")
-    derivative_rows = measure_derivatives(device, dtypes, progress)
-    print()
-    print_table(derivative_rows, DERIVATIVE_COLUMNS, [])
-    write_csv(derivative_rows, args.out / f"linrec-bench-derivatives-{device.type}.csv")
-    selective_rows = measure_selective_scan(device, dtypes, progress)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if "time-last" in tables:
+        shapes = gpu_shapes(device) if device.type == "cuda" else CPU_SHAPES
+        rows = measure(device, dtypes, shapes, progress)
+        print_table(rows)
+        write_outputs(rows, args.out, device)
+    if "layouts" in tables:
+        layout_rows = measure_layouts(device, dtypes, progress)
+        print()
+        print(LAYOUT_TITLE)
+        print_table(layout_rows, LAYOUT_COLUMNS, [])
+        write_csv(layout_rows, args.out / f"linrec-bench-layouts-{device.type}.csv")
+    if "derivatives" in tables:
+        derivative_rows = measure_derivatives(device, dtypes, progress)
+        print()
+        print_table(derivative_rows, DERIVATIVE_COLUMNS, [])
+        write_csv(derivative_rows, args.out / f"linrec-bench-derivatives-{device.type}.csv")
+    selective_rows = measure_selective_scan(device, dtypes, progress) if "selective-scan" in tables else []
     if selective_rows:
         print()
         print(SELECTIVE_SCAN_TITLE)
