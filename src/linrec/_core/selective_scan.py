@@ -111,6 +111,9 @@ class _Fused(_SingleLevelFunction):
         with torch._C._AutoDispatchBelowAutograd():
             output = _FORWARD(*inputs)
         _setup_context(ctx, inputs, output)
+        # An unused output's gradient stays None: zeros of the checkpoints' and the last state's shapes
+        # would cost a fill each, and the backward op takes no last-state gradient as zero.
+        ctx.set_materialize_grads(False)
         return output
 
     @staticmethod
