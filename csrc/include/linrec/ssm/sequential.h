@@ -1,16 +1,22 @@
-// The selective scan on the CPU: the recurrence step by step, one (batch row, channel) at a time,
-// with the state's n dims side by side, real or complex (S; the per-step values are real, R).
-// Complex gradients follow PyTorch's convention (d Re + i d Im of a real loss): where a value
-// multiplies a complex one, its gradient takes the other's conjugate. The backward recomputes each chunk's states from the
-// checkpoint before it (ssm/params.h), keeping kChunk x n states in memory per task, and walks the
-// chunk backwards. Host-only, torch-free; the op layer (cpu/selective_scan.cpp) spreads the tasks
-// over the intra-op pool.
+// The selective scan on the CPU: the recurrence one (batch row, channel) at a time, chunk by chunk
+// (kChunk steps, ssm/params.h), real or complex (S; the per-step values are real, R). Within a chunk
+// the state dims are independent recurrences: each runs over the chunk's steps on its own, its
+// decays exp(dt A) first formed for all of them at once (in SIMD vectors for a real state), and the
+// per-step values (dt, dt u, the gate, the output and their gradients) are formed once per step, not
+// per state dim. Complex gradients follow PyTorch's convention (d Re + i d Im of a real loss): where a
+// value multiplies a complex one, its gradient takes the other's conjugate. The backward recomputes
+// each chunk's states from the checkpoint before it, keeping the chunk's states and decays (2 x kChunk
+// x n values per task), and walks each state dim's adjoint backwards. Host-only; the op layer
+// (cpu/selective_scan.cpp) spreads the tasks over the intra-op pool.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "linrec/cpu/vector.h"
 #include "linrec/ssm/params.h"
 #include "linrec/ssm/step.h"
 
@@ -47,56 +53,134 @@ struct Row {
   int64_t C_index(int64_t j, int64_t t) const { return C_first + j * C_stride + t; }
   R per_channel(const void* data) const { return data ? static_cast<const R*>(data)[k] : R(0); }
   S A(int64_t j) const { return static_cast<const S*>(p.A)[k * p.n + j]; }
-  R dt(int64_t t) const { return step_size(at(p.delta, t), per_channel(p.delta_bias), p.delta_softplus); }
   // Element (s, k, j) of a (sequences, d, n) tensor.
   int64_t state_index(int64_t s, int64_t j) const { return (s * p.d + k) * p.n + j; }
   S initial(int64_t s, int64_t j) const { return p.initial ? static_cast<const S*>(p.initial)[state_index(s, j)] : S(0); }
-  bool start(int64_t s, int64_t t) const { return p.sequences.packed() ? p.sequences.boundary(s) == t : t == 0; }
-  bool end(int64_t s, int64_t t) const {
-    return p.sequences.packed() ? p.sequences.boundary(s + 1) - 1 == t : t == p.length - 1;
+};
+
+// The per-step values of one row's chunk [begin, end), formed once for all its state dims: the step
+// size, its product with u, and each step's sequence, with whether the step starts or ends it.
+template <typename T, typename S>
+struct ChunkSteps {
+  using R = real_t<S>;
+  int64_t begin = 0, count = 0;
+  std::vector<R> u, dt, dtu;
+  std::vector<int64_t> sequence;
+  std::vector<uint8_t> starts, ends;
+
+  ChunkSteps() : u(kChunk), dt(kChunk), dtu(kChunk), sequence(kChunk), starts(kChunk), ends(kChunk) {}
+
+  void load(const Row<T, S>& r, int64_t begin_, int64_t end) {
+    const ForwardParams& p = r.p;
+    const Sequences& q = p.sequences;
+    begin = begin_, count = end - begin_;
+    const R bias = r.per_channel(p.delta_bias);
+    int64_t s = q.packed() ? q.sequence_at(begin) : r.b;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t t = begin + i;
+      u[i] = r.at(p.u, t);
+      dt[i] = step_size(r.at(p.delta, t), bias, p.delta_softplus);
+      dtu[i] = dt[i] * u[i];
+      if (q.packed()) {
+        s = q.forward_to(s, t);
+        starts[i] = q.boundary(s) == t;
+        ends[i] = q.boundary(s + 1) - 1 == t;
+      } else {
+        starts[i] = t == 0;
+        ends[i] = t == p.length - 1;
+      }
+      sequence[i] = s;
+    }
   }
 };
 
-// Advances the states of steps [begin, end) of one row: states[j] holds the state before `begin` and
-// ends after `end - 1`; visit(t, s, states) sees the states after step t of sequence s.
-template <typename T, typename S, typename Visit>
-void scan_steps(const Row<T, S>& r, int64_t begin, int64_t end, S* states, Visit&& visit) {
-  const ForwardParams& p = r.p;
-  int64_t s = p.sequences.packed() ? p.sequences.sequence_at(begin) : r.b;
-  for (int64_t t = begin; t < end; ++t) {
-    if (p.sequences.packed()) s = p.sequences.forward_to(s, t);
-    const real_t<S> dt = r.dt(t);
-    const real_t<S> dtu = dt * r.at(p.u, t);
-    const bool start = r.start(s, t);
-    for (int64_t j = 0; j < p.n; ++j) {
-      const S before = start ? r.initial(s, j) : states[j];
-      states[j] = decay(dt, r.A(j)) * before + dtu * r.B(j, t);
+// decays[i] = exp(dt[i] * A) for the count steps: for a real state, in vectors of the baseline target
+// (cpu::exp, which takes std::exp lane by lane where a lane leaves its range); for a complex one,
+// step.h's decay.
+template <typename S>
+void decays_of(const real_t<S>* dt, S A, int64_t count, S* decays) {
+  if constexpr (is_complex<S>::value) {
+    for (int64_t i = 0; i < count; ++i) decays[i] = decay(dt[i], A);
+  } else {
+    using V = typename cpu::Vector<S, 16>::Values;
+    constexpr int kLanes = cpu::Vector<S, 16>::kLanes;
+    int64_t i = 0;
+    for (; i + kLanes <= count; i += kLanes) {
+      V x;
+      std::memcpy(&x, dt + i, sizeof(V));
+      x = cpu::exp(x * A);
+      std::memcpy(decays + i, &x, sizeof(V));
     }
-    visit(t, s, states);
+    for (; i < count; ++i) decays[i] = decay(dt[i], A);
   }
+}
+
+// Runs state dims [j, j + G) over the chunk, each from its `state` (the state before the chunk, then
+// after it), with the decays of its steps (decays + g * kChunk): states[g * kChunk + i] is dim j + g's
+// state after step i; a step that starts a sequence starts from its initial state. The G dims' chains
+// of dependent multiply-adds interleave, so that one's latency hides behind the others'.
+template <int G, typename T, typename S>
+void scan_state_dims(const Row<T, S>& r, const ChunkSteps<T, S>& steps, int64_t j, const S* decays, S* state,
+                     S* states) {
+  S x[G];
+  for (int g = 0; g < G; ++g) x[g] = state[g];
+  for (int64_t i = 0; i < steps.count; ++i) {
+    const int64_t t = steps.begin + i;
+    for (int g = 0; g < G; ++g) {
+      const S before = steps.starts[i] ? r.initial(steps.sequence[i], j + g) : x[g];
+      x[g] = decays[g * kChunk + i] * before + steps.dtu[i] * r.B(j + g, t);
+      states[g * kChunk + i] = x[g];
+    }
+  }
+  for (int g = 0; g < G; ++g) state[g] = x[g];
+}
+
+// Runs every state dim over the chunk (scan_state_dims), in groups of kInterleaved dims and the rest
+// one by one: states and decays are [state dim][step], `carried` holds each dim's state before the
+// chunk and after it.
+constexpr int kInterleaved = 4;
+template <typename T, typename S>
+void scan_chunk(const Row<T, S>& r, const ChunkSteps<T, S>& steps, S* carried, S* decays, S* states) {
+  const int64_t n = r.p.n;
+  for (int64_t j = 0; j < n; ++j) decays_of(steps.dt.data(), r.A(j), steps.count, decays + j * kChunk);
+  int64_t j = 0;
+  for (; j + kInterleaved <= n; j += kInterleaved)
+    scan_state_dims<kInterleaved>(r, steps, j, decays + j * kChunk, carried + j, states + j * kChunk);
+  for (; j < n; ++j) scan_state_dims<1>(r, steps, j, decays + j * kChunk, carried + j, states + j * kChunk);
 }
 
 template <typename T, typename S>
 void forward_row(const ForwardParams& p, int64_t b, int64_t k) {
+  using R = real_t<S>;
   const Row<T, S> r(p, b, k);
-  std::vector<S> states(p.n, S(0));
-  S* checkpoints = static_cast<S*>(p.checkpoints) + r.row * chunks_of(p.length) * p.n;
+  const int64_t n = p.n;
+  // The chunk's states after each step and decays of each step, [state dim][step].
+  std::vector<S> carried(n, S(0)), decays(kChunk * n), states(kChunk * n), sums(kChunk);
+  ChunkSteps<T, S> steps;
+  S* checkpoints = static_cast<S*>(p.checkpoints) + r.row * chunks_of(p.length) * n;
   S* last_state = static_cast<S*>(p.last_state);
+  const R D = r.per_channel(p.D);
   for (int64_t begin = 0; begin < p.length; begin += kChunk) {
-    std::copy(states.begin(), states.end(), checkpoints + begin / kChunk * p.n);
-    scan_steps(r, begin, std::min(begin + kChunk, p.length), states.data(), [&](int64_t t, int64_t s, const S* x) {
-      S sum = 0;
-      for (int64_t j = 0; j < p.n; ++j) sum += r.C(j, t) * x[j];
-      const real_t<S> u = r.at(p.u, t);
-      real_t<S> y = readout(sum) + r.per_channel(p.D) * u;
+    std::copy(carried.begin(), carried.end(), checkpoints + begin / kChunk * n);
+    steps.load(r, begin, std::min(begin + kChunk, p.length));
+    scan_chunk(r, steps, carried.data(), decays.data(), states.data());
+    std::fill(sums.begin(), sums.begin() + steps.count, S(0));
+    for (int64_t j = 0; j < n; ++j) {
+      const S* x = states.data() + j * kChunk;
+      for (int64_t i = 0; i < steps.count; ++i) {
+        sums[i] += r.C(j, begin + i) * x[i];
+        if (steps.ends[i]) last_state[r.state_index(steps.sequence[i], j)] = x[i];
+      }
+    }
+    for (int64_t i = 0; i < steps.count; ++i) {
+      const int64_t t = begin + i;
+      R y = readout(sums[i]) + D * steps.u[i];
       if (p.z) y *= silu(r.at(p.z, t));
       static_cast<T*>(p.out)[r.row * p.length + t] = static_cast<T>(y);
-      if (r.end(s, t))
-        for (int64_t j = 0; j < p.n; ++j) last_state[r.state_index(s, j)] = x[j];
-    });
+    }
   }
   p.sequences.for_each_empty(b, [&](int64_t s) {
-    for (int64_t j = 0; j < p.n; ++j) last_state[r.state_index(s, j)] = r.initial(s, j);
+    for (int64_t j = 0; j < n; ++j) last_state[r.state_index(s, j)] = r.initial(s, j);
   });
 }
 
@@ -107,66 +191,79 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
   using R = real_t<S>;
   const Row<T, S> r(p, b, k);
   const int64_t n = p.n, chunks = chunks_of(p.length);
-  std::vector<S> states((kChunk + 1) * n);  // the states before the chunk, then after each of its steps
-  std::vector<S> carried(n, S(0));          // conj(decay(t + 1)) * adjoint(t + 1): what step t + 1 passes back
+  // The chunk's states after each step and decays of each step, [state dim][step].
+  std::vector<S> states(kChunk * n), decays(kChunk * n), sums(kChunk), recomputed(n);
+  std::vector<S> carried(n, S(0));  // conj(decay) * adjoint of the chunk's first step: what it passes back
   std::vector<S> d_A(n, S(0)), d_B_fixed(n, S(0)), d_C_fixed(n, S(0));
+  std::vector<R> d_sum(kChunk), d_u(kChunk), d_dt(kChunk);
+  ChunkSteps<T, S> steps;
+  S* d_B = static_cast<S*>(p.d_B);
+  S* d_C = static_cast<S*>(p.d_C);
   R d_D = 0, d_delta_bias = 0;
+  const R D = r.per_channel(p.D), bias = r.per_channel(p.delta_bias);
   const S* checkpoints = static_cast<const S*>(p.saved_checkpoints) + r.row * chunks * n;
   const auto d_last = [&](int64_t s, int64_t j) {
     return p.d_last_state ? static_cast<const S*>(p.d_last_state)[r.state_index(s, j)] : S(0);
   };
 
   for (int64_t c = chunks - 1; c >= 0; --c) {
-    const int64_t begin = c * kChunk, end = std::min(begin + kChunk, p.length);
-    std::copy(checkpoints + c * n, checkpoints + (c + 1) * n, states.begin());
-    std::vector<S> running(states.begin(), states.begin() + n);
-    scan_steps(r, begin, end, running.data(), [&](int64_t t, int64_t, const S* x) {
-      std::copy(x, x + n, states.begin() + (t - begin + 1) * n);
-    });
-    int64_t s = p.sequences.packed() ? p.sequences.sequence_at(end - 1) : b;
-    for (int64_t t = end - 1; t >= begin; --t) {
-      if (p.sequences.packed()) s = p.sequences.backward_to(s, t);
-      const S* x = states.data() + (t - begin + 1) * n;
-      const S* x_before = states.data() + (t - begin) * n;
-      const R u = r.at(p.u, t), dt = r.dt(t), dtu = dt * u, d_out = r.at(p.d_out, t);
-      const bool start = r.start(s, t), end_of_sequence = r.end(s, t);
-      S sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += r.C(j, t) * x[j];
-      const R y = readout(sum) + r.per_channel(p.D) * u;
+    const int64_t begin = c * kChunk;
+    steps.load(r, begin, std::min(begin + kChunk, p.length));
+    const int64_t count = steps.count;
+    std::copy(checkpoints + c * n, checkpoints + (c + 1) * n, recomputed.begin());
+    scan_chunk(r, steps, recomputed.data(), decays.data(), states.data());
+    std::fill(sums.begin(), sums.begin() + count, S(0));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < count; ++i) sums[i] += r.C(j, begin + i) * states[j * kChunk + i];
+    // The per-step gradients that come before the state dims': the gate's, D's and the output sum's.
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t t = begin + i;
+      const R u = steps.u[i], d_out = r.at(p.d_out, t);
       R d_y = d_out;
       if (p.z) {
-        const R z = r.at(p.z, t);
+        const R z = r.at(p.z, t), y = readout(sums[i]) + D * u;
         d_y = d_out * silu(z);
         static_cast<T*>(p.d_z)[r.row * p.length + t] = static_cast<T>(d_out * y * silu_slope(z));
       }
-      R d_u = d_y * r.per_channel(p.D), d_dt = 0;
+      d_u[i] = d_y * D;
+      d_dt[i] = 0;
       d_D += d_y * u;
-      const R d_sum = kReadoutScale<S> * d_y;  // d out / d (sum over n of C x)
-      for (int64_t j = 0; j < n; ++j) {
-        const S B = r.B(j, t), C = r.C(j, t), A = r.A(j);
-        const S adjoint = d_sum * conj(C) + (end_of_sequence ? d_last(s, j) : carried[j]);
-        const S a = decay(dt, A);
-        const S before = start ? r.initial(s, j) : x_before[j];
+      d_sum[i] = kReadoutScale<S> * d_y;  // d out / d (sum over n of C x)
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const S A = r.A(j);
+      const S* x = states.data() + j * kChunk;
+      const S* a_of = decays.data() + j * kChunk;
+      S passed = carried[j];
+      for (int64_t i = count - 1; i >= 0; --i) {
+        const int64_t t = begin + i, s = steps.sequence[i];
+        const S C = r.C(j, t), a = a_of[i];
+        const S adjoint = d_sum[i] * conj(C) + (steps.ends[i] ? d_last(s, j) : passed);
+        const S before = steps.starts[i] ? r.initial(s, j) : (i > 0 ? x[i - 1] : checkpoints[c * n + j]);
         const S d_decay = adjoint * conj(before);  // d out / d exp(dt * A)
-        const R d_input = real_dot(adjoint, B);   // d out / d (dt * u)
-        d_u += d_input * dt;
-        d_dt += d_input * u + real_dot(d_decay, a * A);
-        d_A[j] += d_decay * conj(a) * dt;
-        if (p.B.varying) static_cast<S*>(p.d_B)[r.B_index(j, t)] += adjoint * dtu;
-        else d_B_fixed[j] += adjoint * dtu;
-        if (p.C.varying) static_cast<S*>(p.d_C)[r.C_index(j, t)] += d_sum * conj(x[j]);
-        else d_C_fixed[j] += d_sum * conj(x[j]);
-        if (start) {
+        const R d_input = real_dot(adjoint, r.B(j, t));  // d out / d (dt * u)
+        d_u[i] += d_input * steps.dt[i];
+        d_dt[i] += d_input * steps.u[i] + real_dot(d_decay, a * A);
+        d_A[j] += d_decay * conj(a) * steps.dt[i];
+        if (p.B.varying) d_B[r.B_index(j, t)] += adjoint * steps.dtu[i];
+        else d_B_fixed[j] += adjoint * steps.dtu[i];
+        if (p.C.varying) d_C[r.C_index(j, t)] += d_sum[i] * conj(x[i]);
+        else d_C_fixed[j] += d_sum[i] * conj(x[i]);
+        if (steps.starts[i]) {
           if (p.d_initial) static_cast<S*>(p.d_initial)[r.state_index(s, j)] = conj(a) * adjoint;
-          carried[j] = S(0);
+          passed = S(0);
         } else {
-          carried[j] = conj(a) * adjoint;
+          passed = conj(a) * adjoint;
         }
       }
-      const R shifted = r.at(p.delta, t) + r.per_channel(p.delta_bias);
-      const R d_delta = p.delta_softplus ? d_dt * softplus_slope(shifted) : d_dt;
+      carried[j] = passed;
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t t = begin + i;
+      const R shifted = r.at(p.delta, t) + bias;
+      const R d_delta = p.delta_softplus ? d_dt[i] * softplus_slope(shifted) : d_dt[i];
       d_delta_bias += d_delta;
-      static_cast<T*>(p.d_u)[r.row * p.length + t] = static_cast<T>(d_u);
+      static_cast<T*>(p.d_u)[r.row * p.length + t] = static_cast<T>(d_u[i]);
       static_cast<T*>(p.d_delta)[r.row * p.length + t] = static_cast<T>(d_delta);
     }
   }
@@ -176,8 +273,8 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
   });
   for (int64_t j = 0; j < n; ++j) {
     static_cast<S*>(p.d_A)[r.row * n + j] = d_A[j];
-    if (!p.B.varying) static_cast<S*>(p.d_B)[r.row * n + j] = d_B_fixed[j];
-    if (!p.C.varying) static_cast<S*>(p.d_C)[r.row * n + j] = d_C_fixed[j];
+    if (!p.B.varying) d_B[r.row * n + j] = d_B_fixed[j];
+    if (!p.C.varying) d_C[r.row * n + j] = d_C_fixed[j];
   }
   if (p.d_D) static_cast<R*>(p.d_D)[r.row] = d_D;
   if (p.d_delta_bias) static_cast<R*>(p.d_delta_bias)[r.row] = d_delta_bias;
