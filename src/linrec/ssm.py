@@ -230,8 +230,11 @@ def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tenso
     if M.dim() == 3:
         M = M.unsqueeze(1)
     if dtype.is_complex and not M.is_complex():
-        real = M.to(_REAL_PART[dtype])
-        return torch.complex(real[..., 0::2], real[..., 1::2]).contiguous()
+        real = M.to(_REAL_PART[dtype]).contiguous()  # M itself where it is contiguous: no copy
+        # A complex view starts on a whole complex element; a traced call cannot read the offset.
+        if torch.compiler.is_compiling() or real.storage_offset() % 2:
+            real = real.clone()
+        return torch.view_as_complex(real.view(*real.shape[:-1], real.shape[-1] // 2, 2))
     return M.to(dtype).contiguous()
 
 

@@ -31,24 +31,42 @@ import triton.language as tl
 
 
 @triton.jit
+def _compose_compensated(coeff_earlier, input_earlier, error_earlier, coeff_later, input_later, error_later):
+    """The composition of two maps y -> (c + e) y + x, each coefficient known as c + e (a product of
+    coefficients and its rounding error), earlier one first: the product of the coefficients, with its
+    error, and ``(c_later + e_later) * x_earlier + x_later``.
+
+    The product's error is the two-product's rounding by a fused multiply-add plus the first-order terms
+    (0 where the product is 0). Carried in float32 (COMPENSATED) so that a decay near 1 repeated along a
+    row does not compound one rounding from step to step of the tree and from chunk to chunk (as in the
+    CUDA kernels: csrc/include/linrec/block_scan.h, numeric.h); 16-bit outputs round far above that error.
+    A later coefficient of exactly 0 (a sequence's start) drops the earlier input rather than multiplying
+    it, so that an infinite or NaN state does not cross a reset.
+
+    The formulas are written here rather than in helpers: Triton's interpreter calls a scan's combine
+    function once per element, and each call of a nested ``triton.jit`` function (``tl.zeros_like``
+    is one) costs it about a millisecond. ``_advance`` and ``_times`` take their parts (the compiler drops the unused ones)."""
+    product = tl.where(coeff_later == 0, coeff_later, coeff_later * coeff_earlier)
+    error = tl.fma(coeff_later, error_earlier, tl.fma(error_later, coeff_earlier,
+                                                      tl.fma(coeff_later, coeff_earlier, -product)))
+    advanced = tl.where(coeff_later == 0, input_later,
+                        tl.fma(coeff_later, input_earlier, tl.fma(error_later, input_earlier, input_later)))
+    return product, advanced, tl.where(product == 0, 0.0, error)
+
+
+@triton.jit
 def _advance(coeff, error, state, value):
-    """``(coeff + error) * state + value``, ``error`` the rounding error of ``coeff`` (a product of
-    coefficients), where a coefficient of exactly 0 (a sequence's start) drops the state rather than
-    multiplying it, so that an infinite or NaN state does not cross a reset."""
-    return tl.where(coeff == 0, value, tl.fma(coeff, state, tl.fma(error, state, value)))
+    """``(coeff + error) * state + value``, ``error`` the rounding error of ``coeff``; a coefficient of
+    exactly 0 drops the state."""
+    return _compose_compensated(coeff, state, error, coeff, value, error)[1]
 
 
 @triton.jit
 def _times(coeff_later, error_later, coeff_earlier, error_earlier):
-    """The product of two coefficients known as coeff + error each, and its error: the two-product's
-    rounding by a fused multiply-add plus the first-order terms (0 where the product is 0). Carried in
-    float32 (COMPENSATED) so that a decay near 1 repeated along a row does not compound one rounding from
-    step to step of the tree and from chunk to chunk (as in the CUDA kernels: csrc/include/linrec/
-    block_scan.h, numeric.h); 16-bit outputs round far above that error."""
-    product = tl.where(coeff_later == 0, coeff_later, coeff_later * coeff_earlier)
-    error = tl.fma(coeff_later, error_earlier, tl.fma(error_later, coeff_earlier,
-                                                      tl.fma(coeff_later, coeff_earlier, -product)))
-    return product, tl.where(product == 0, tl.zeros_like(error), error)
+    """The product of two coefficients known as coeff + error each, and its error."""
+    product, _advanced, error = _compose_compensated(coeff_earlier, coeff_earlier, error_earlier, coeff_later,
+                                                     coeff_later, error_later)
+    return product, error
 
 
 @triton.jit
@@ -56,12 +74,6 @@ def _compose(coeff_earlier, input_earlier, coeff_later, input_later):
     # y -> c1*y + x1 followed by y -> c2*y + x2 is y -> (c2*c1)*y + (c2*x1 + x2); c2 = 0 is constant.
     return tl.where(coeff_later == 0, coeff_later, coeff_later * coeff_earlier), \
         tl.where(coeff_later == 0, input_later, coeff_later * input_earlier + input_later)
-
-
-@triton.jit
-def _compose_compensated(coeff_earlier, input_earlier, error_earlier, coeff_later, input_later, error_later):
-    product, error = _times(coeff_later, error_later, coeff_earlier, error_earlier)
-    return product, _advance(coeff_later, error_later, input_earlier, input_later), error
 
 
 @triton.jit
