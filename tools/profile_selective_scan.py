@@ -1,6 +1,7 @@
 """Runs linrec.selective_scan once on one of tools/bench_selective_scan.py's shapes, for a profiler:
 
-    ncu --kernel-name-base demangled -k regex:ssm:: --metrics ... python tools/profile_selective_scan.py both 8 2048 16 2048
+    ncu --kernel-name-base demangled -k regex:ssm:: --metrics ... \
+        python tools/profile_selective_scan.py both 8 2048 16 2048
 
 ``fwd`` runs the forward alone, ``both`` a forward and a backward (after one forward for the output's
 shape); the optional last argument is the dtype (bfloat16 by default).

@@ -45,7 +45,8 @@ def _compose_compensated(coeff_earlier, input_earlier, error_earlier, coeff_late
 
     The formulas are written here rather than in helpers: Triton's interpreter calls a scan's combine
     function once per element, and each call of a nested ``triton.jit`` function (``tl.zeros_like``
-    is one) costs it about a millisecond. ``_advance`` and ``_times`` take their parts (the compiler drops the unused ones)."""
+    is one) costs it about a millisecond. ``_advance`` and ``_times`` take their parts (the compiler
+    drops the unused ones)."""
     product = tl.where(coeff_later == 0, coeff_later, coeff_later * coeff_earlier)
     error = tl.fma(coeff_later, error_earlier, tl.fma(error_later, coeff_earlier,
                                                       tl.fma(coeff_later, coeff_earlier, -product)))
