@@ -11,6 +11,7 @@ import torch
 
 import linrec
 from linrec import linrec_loop, linrec_reference
+from linrec.tools.tune import PACKED_BACKWARD_TILE_SHAPES
 
 #: Max error over max |reference|, for outputs computed from inputs already rounded to the dtype:
 #: what remains is float32 (float64) accumulation and the final rounding to the dtype.
@@ -139,3 +140,72 @@ TRITON_DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="needs triton, on its interpreter (no GPU)")),
     pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not TRITON_ON_GPU, reason="needs triton and a GPU")]),
 ]
+
+
+# The CUDA kernel checks shared by the test files of each kernel family.
+
+
+def misaligned_copy(tensor):
+    """A contiguous copy whose data starts one element past a 16-byte boundary."""
+    storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
+    copy = storage[1:].view(tensor.shape)
+    copy.copy_(tensor)
+    return copy
+
+
+def poison_free_memory(numel, dtype):
+    """Fills memory the caching allocator will hand out next with NaN, so that an element a kernel
+    leaves unwritten shows up as non-finite rather than as a stale value."""
+    torch.full((4 * numel + 1024,), float("nan"), dtype=dtype, device="cuda")
+    torch.cuda.synchronize()
+
+
+def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False, offsets=None, config=(0, 0),
+                        with_initial=True):
+    """Forward and backward (with an initial state unless with_initial is False; over the packed sequences
+    of `offsets` if given; in a forced tile config if given), on poisoned memory, against the CPU kernels
+    in float64."""
+    dtype = inputs.dtype
+    state_shape = list(inputs.shape)
+    del state_shape[dim]
+    if offsets is not None:
+        state_shape[0] = len(offsets) - 1
+    initial = random_values(state_shape, dtype, "cuda") if with_initial else None
+    d_outputs = random_values(inputs.shape, dtype, "cuda")
+    options = dict(dim=dim, reverse=reverse, initial=initial, log_coeffs=log_coeffs)
+    if offsets is not None:
+        options["cu_seqlens"] = offsets.cuda()
+    forced = dict(threads_per_sequence=config[0], vectors_per_thread=config[1])
+    poison_free_memory(inputs.numel(), dtype)
+    outputs = torch.ops.linrec.forward(inputs, coeffs, **options, **forced)
+    if offsets is not None and config != (0, 0) and config not in PACKED_BACKWARD_TILE_SHAPES:
+        # The packed backward is compiled for the largest row tiles only: a smaller forced one is
+        # refused, and the automatic config is checked instead.
+        with pytest.raises(ValueError, match=r"no backward kernel is compiled for config \{threads_per_sequence="
+                                             rf"{config[0]}, vectors_per_thread={config[1]},"):
+            torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
+        forced = {}
+    poison_free_memory(inputs.numel(), dtype)
+    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
+    wide_options = dict(options, initial=wide(initial))
+    if offsets is not None:
+        wide_options["cu_seqlens"] = offsets.cpu()
+    expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
+    expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
+    what = f"{tuple(inputs.shape)} dim={dim} coeffs {tuple(coeffs.shape)} config {config}"
+    if offsets is not None:
+        what += f" {len(offsets) - 1} sequences"
+    assert_matches(outputs, expected_outputs, dtype, f"outputs {what}")
+    for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
+        assert_matches(grad, want, dtype, f"{name} {what}")
+
+
+def packed_offsets(length, tile, items, dense_tiles=2):
+    """cu_seqlens for one row of `length`: sequence boundaries at, before and after every chunk
+    boundary (every `items` elements) of the first `dense_tiles` tiles and every tile boundary after,
+    sequences of length 1 at both ends, and empty sequences at the start, at the first tile boundary
+    and at the end."""
+    edges = [*range(items, min(length, dense_tiles * tile), items), *range(tile, length, tile)]
+    cuts = {1, length - 1} | {edge + step for edge in edges for step in (-1, 0, 1)}
+    offsets = sorted([0, 0, *(cut for cut in cuts if 0 < cut < length), min(tile, length), length, length])
+    return torch.tensor(offsets, dtype=torch.int32)

@@ -7,15 +7,34 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DTYPES, TOLERANCE, assert_matches, random_coeffs, random_operands, random_values, wide
+from helpers import (
+    DTYPES,
+    TOLERANCE,
+    assert_matches,
+    check_with_features,
+    misaligned_copy,
+    packed_offsets,
+    poison_free_memory,
+    random_coeffs,
+    random_operands,
+    random_values,
+    wide,
+)
 
 import linrec
-from linrec.tools.tune import CHAINED_TILE_SHAPE, PACKED_BACKWARD_TILE_SHAPES, TILE_SHAPES
+from linrec.tools.tune import CHAINED_TILE_SHAPE, TILE_SHAPES
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not (torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS), reason="needs a CUDA GPU"),
 ]
+
+# Strided time runs on the bulk family (sm_90 and newer, channels contiguous and 16-byte aligned) or
+# on the pipe family's strided kernels; a forced tile shape keeps a call on the pipe family, so the
+# strided tests run both on GPUs that have the bulk family.
+STRIDED_FAMILIES = [pytest.param((0, 0), id="automatic")]
+if TILE_SHAPES:  # a build without CUDA kernels lists none (and skips these tests)
+    STRIDED_FAMILIES.append(pytest.param(TILE_SHAPES[-2], id="pipe"))
 
 
 def cpu_reference(inputs, coeffs, d_outputs, reverse):
@@ -23,14 +42,6 @@ def cpu_reference(inputs, coeffs, d_outputs, reverse):
     inputs, coeffs, d_outputs = (wide(t) for t in (inputs, coeffs, d_outputs))
     outputs = torch.ops.linrec.forward(inputs, coeffs, reverse=reverse)
     return (outputs, *torch.ops.linrec.backward(d_outputs, coeffs, outputs, reverse=reverse)[:2])
-
-
-def misaligned_copy(tensor):
-    """A contiguous copy whose data starts one element past a 16-byte boundary."""
-    storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
-    copy = storage[1:].view(tensor.shape)
-    copy.copy_(tensor)
-    return copy
 
 
 def accumulator_size(dtype):
@@ -50,13 +61,6 @@ def strided_tile_length(dtype, paired=False):
     types piped along time scan two neighbouring channels a thread (8-byte accumulators) where the layout
     allows it (paired): an even channel count with channels contiguous in every operand."""
     return 8 * 4 * 16 // (8 if paired else accumulator_size(dtype))
-
-
-def poison_free_memory(numel, dtype):
-    """Fills memory the caching allocator will hand out next with NaN, so that an element a kernel
-    leaves unwritten shows up as non-finite rather than as a stale value."""
-    torch.full((4 * numel + 1024,), float("nan"), dtype=dtype, device="cuda")
-    torch.cuda.synchronize()
 
 
 def check_config(shape, dtype, reverse, config, misaligned=False):
@@ -132,9 +136,10 @@ def test_strided_time_dim_at_size(seed, shape, dim, reverse):
         assert_matches(grad, want, torch.float32, name)
 
 
+@pytest.mark.parametrize("family", STRIDED_FAMILIES)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_strided_time_channel_pairs(seed, dtype, reverse):
+def test_strided_time_channel_pairs(seed, dtype, reverse, family):
     """16-bit types piped along strided time, two neighbouring channels a thread: lengths around the
     paired tile, per-channel log coefficients (broadcast along batch and time, their gradient summed in
     the kernel in pairs), and the layouts that keep one channel a thread (an odd channel count, a start
@@ -143,15 +148,15 @@ def test_strided_time_channel_pairs(seed, dtype, reverse):
     channels = 17000  # 532 groups of 32: enough to pipe, and 266 of pairs
     for length in (1, tile - 1, tile, tile + 1, 2 * tile + 8, 5 * tile + 1):
         inputs, coeffs = random_operands((1, length, channels), dtype, "cuda")
-        check_with_features(inputs, coeffs, 1, reverse)
+        check_with_features(inputs, coeffs, 1, reverse, config=family)
     inputs = random_values((1, 2 * tile + 5, channels), dtype, "cuda")
     coeffs = (random_coeffs((channels,), dtype, "cuda") * 0.9).abs().log()
-    check_with_features(inputs, coeffs, 1, reverse, log_coeffs=True)
+    check_with_features(inputs, coeffs, 1, reverse, log_coeffs=True, config=family)
     odd = random_operands((1, 2 * tile + 1, channels + 1), dtype, "cuda")
     misaligned = [misaligned_copy(t) for t in random_operands((1, 2 * tile + 1, channels), dtype, "cuda")]
     every_other = [t[..., ::2] for t in random_operands((1, 2 * tile + 1, 2 * channels), dtype, "cuda")]
     for inputs, coeffs in (odd, misaligned, every_other):
-        check_with_features(inputs, coeffs, 1, reverse)
+        check_with_features(inputs, coeffs, 1, reverse, config=family)
 
 
 # (inputs shape, dim, coeffs shape): each way the backward kernels sum a broadcast coefficient's
@@ -198,46 +203,6 @@ def test_broadcast_coeff_gradient_summed_in_kernel(seed, shape, dim, coeffs_shap
     assert error <= TOLERANCE[dtype], f"d_coeffs: max error / sum |terms| = {error:.3g} > {TOLERANCE[dtype]:.3g}"
 
 
-def check_with_features(inputs, coeffs, dim, reverse, log_coeffs=False, offsets=None, config=(0, 0),
-                        with_initial=True):
-    """Forward and backward (with an initial state unless with_initial is False; over the packed sequences
-    of `offsets` if given; in a forced tile config if given), on poisoned memory, against the CPU kernels
-    in float64."""
-    dtype = inputs.dtype
-    state_shape = list(inputs.shape)
-    del state_shape[dim]
-    if offsets is not None:
-        state_shape[0] = len(offsets) - 1
-    initial = random_values(state_shape, dtype, "cuda") if with_initial else None
-    d_outputs = random_values(inputs.shape, dtype, "cuda")
-    options = dict(dim=dim, reverse=reverse, initial=initial, log_coeffs=log_coeffs)
-    if offsets is not None:
-        options["cu_seqlens"] = offsets.cuda()
-    forced = dict(threads_per_sequence=config[0], vectors_per_thread=config[1])
-    poison_free_memory(inputs.numel(), dtype)
-    outputs = torch.ops.linrec.forward(inputs, coeffs, **options, **forced)
-    if offsets is not None and config != (0, 0) and config not in PACKED_BACKWARD_TILE_SHAPES:
-        # The packed backward is compiled for the largest row tiles only: a smaller forced one is
-        # refused, and the automatic config is checked instead.
-        with pytest.raises(ValueError, match=r"no backward kernel is compiled for config \{threads_per_sequence="
-                                             rf"{config[0]}, vectors_per_thread={config[1]},"):
-            torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
-        forced = {}
-    poison_free_memory(inputs.numel(), dtype)
-    grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, **options, **forced)
-    wide_options = dict(options, initial=wide(initial))
-    if offsets is not None:
-        wide_options["cu_seqlens"] = offsets.cpu()
-    expected_outputs = torch.ops.linrec.forward(wide(inputs), wide(coeffs), **wide_options)
-    expected = torch.ops.linrec.backward(wide(d_outputs), wide(coeffs), expected_outputs, **wide_options)
-    what = f"{tuple(inputs.shape)} dim={dim} coeffs {tuple(coeffs.shape)} config {config}"
-    if offsets is not None:
-        what += f" {len(offsets) - 1} sequences"
-    assert_matches(outputs, expected_outputs, dtype, f"outputs {what}")
-    for name, grad, want in zip(("d_inputs", "d_coeffs", "d_initial"), grads, expected):
-        assert_matches(grad, want, dtype, f"{name} {what}")
-
-
 def chunk_boundary_lengths(tile):
     """Lengths around the first chunk boundaries and past one look-back window of 32 chunks: odd ones
     (unaligned rows, the staged kernels) and multiples of 8 that are not whole chunks (16-byte aligned
@@ -255,22 +220,24 @@ def test_few_long_rows_chained(seed, dtype, reverse):
         check_with_features(inputs, coeffs, -1, reverse)
 
 
+@pytest.mark.parametrize("family", STRIDED_FAMILIES)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_strided_time_chained_and_piped(seed, dtype, reverse):
+def test_strided_time_chained_and_piped(seed, dtype, reverse, family):
     """(batch, time, channels) along dim=1: a warp's lanes on neighbouring channels; 40 channels are a
     full and a partial group of 32, chained along time; 9000 channels are enough groups for a pipe each."""
     tile = strided_tile_length(dtype)
     for length in chunk_boundary_lengths(tile):
         inputs, coeffs = random_operands((1, length, 40), dtype, "cuda")
-        check_with_features(inputs, coeffs, 1, reverse)
+        check_with_features(inputs, coeffs, 1, reverse, config=family)
     inputs, coeffs = random_operands((2, tile + 1, 4500), dtype, "cuda")
-    check_with_features(inputs, coeffs, 1, reverse)
+    check_with_features(inputs, coeffs, 1, reverse, config=family)
 
 
+@pytest.mark.parametrize("family", STRIDED_FAMILIES)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_chained_look_back_across_windows(seed, dtype, reverse):
+def test_chained_look_back_across_windows(seed, dtype, reverse, family):
     """Coefficients of magnitude near 1: no chunk's map is constant (with |c| < 1 at random, a chunk's
     product of coefficients underflows to 0, and the look-back stops at the chunk before), so the
     look-back composes more than one window of chunks: a chunk's siblings and the maps of the windows
@@ -279,7 +246,7 @@ def test_chained_look_back_across_windows(seed, dtype, reverse):
     for shape, dim in [((2, 33 * row_tile + 1), -1), ((2, 33 * row_tile + 8), -1), ((1, 33 * strided_tile + 1, 40), 1)]:
         inputs = random_values(shape, dtype, "cuda")
         coeffs = random_coeffs(shape, dtype, "cuda", min_magnitude=0.99)
-        check_with_features(inputs, coeffs, dim, reverse)
+        check_with_features(inputs, coeffs, dim, reverse, config=family)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -344,17 +311,6 @@ def test_more_than_2_to_the_31_elements(seed):
         assert_matches(actual[rows], reference, torch.bfloat16, name)
 
 
-def packed_offsets(length, tile, items, dense_tiles=2):
-    """cu_seqlens for one row of `length`: sequence boundaries at, before and after every chunk
-    boundary (every `items` elements) of the first `dense_tiles` tiles and every tile boundary after,
-    sequences of length 1 at both ends, and empty sequences at the start, at the first tile boundary
-    and at the end."""
-    edges = [*range(items, min(length, dense_tiles * tile), items), *range(tile, length, tile)]
-    cuts = {1, length - 1} | {edge + step for edge in edges for step in (-1, 0, 1)}
-    offsets = sorted([0, 0, *(cut for cut in cuts if 0 < cut < length), min(tile, length), length, length])
-    return torch.tensor(offsets, dtype=torch.int32)
-
-
 def check_packed(inputs, coeffs, dim, reverse, offsets, config=(0, 0), with_initial=True, log_coeffs=False):
     """Forward and backward over packed sequences, on poisoned memory, against the CPU kernels in float64."""
     check_with_features(inputs, coeffs, dim, reverse, log_coeffs, offsets, config, with_initial)
@@ -374,18 +330,19 @@ def test_packed_sequences_every_config(seed, config, dtype, reverse):
         check_packed(inputs, coeffs, 2, reverse, packed_offsets(length, tile, items), config, with_initial)
 
 
+@pytest.mark.parametrize("family", STRIDED_FAMILIES)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64], ids=str)
-def test_packed_sequences_strided_time(seed, dtype, reverse):
+def test_packed_sequences_strided_time(seed, dtype, reverse, family):
     """(1, time, channels) along dim 1: sequence starts around every chunk and tile boundary of the
     strided kernels, chained along time (40 channels) and piped (9000 channels)."""
     tile = strided_tile_length(dtype)
     items = tile // 8
     for length, channels in ((3 * tile + 5, 40), (33 * tile + 1, 40), (2 * tile + 3, 9000)):
         inputs, coeffs = random_operands((1, length, channels), dtype, "cuda")
-        check_packed(inputs, coeffs, 1, reverse, packed_offsets(length, tile, items))
+        check_packed(inputs, coeffs, 1, reverse, packed_offsets(length, tile, items), family)
     inputs, coeffs = random_operands((1, 2 * tile + 3, 40), dtype, "cuda")
-    check_packed(inputs, coeffs, 1, reverse, packed_offsets(2 * tile + 3, tile, items), with_initial=False)
+    check_packed(inputs, coeffs, 1, reverse, packed_offsets(2 * tile + 3, tile, items), family, with_initial=False)
 
 
 @pytest.mark.parametrize("reverse", [False, True])

@@ -11,7 +11,8 @@ STABLE_TORCH_LIBRARY(linrec, m) {
   // threads_per_sequence and vectors_per_thread force the tile shape of the CUDA kernels for
   // time-contiguous rows (for tuning: csrc/include/linrec/pipe/tile_shapes.inc lists them, the chained
   // shape chaining a sequence's tiles across blocks; the CPU, strided time and operands broadcast
-  // along time ignore them); 0 and 0 choose one per shape.
+  // along time ignore them, though on the GPU any forced shape keeps a call on the pipe family, whose
+  // strided kernels then take strided time); 0 and 0 choose one per shape.
   m.def("forward(Tensor inputs, Tensor coeffs, int dim=-1, bool reverse=False, Tensor? initial=None, "
         "Tensor? cu_seqlens=None, bool log_coeffs=False, int threads_per_sequence=0, int vectors_per_thread=0) "
         "-> Tensor");

@@ -1,9 +1,10 @@
 // Torch-free check of the CUDA kernels, for compute-sanitizer, ncu and cuda-gdb:
-//   linrec_check_kernels [max_length]
+//   linrec_check_kernels [max_length [dtype]]      (dtype: float32, bfloat16, ...; default: every one)
 // Runs forward and backward for every dtype, both directions, a set of odd lengths and the layouts
 // and features the kernels branch on (contiguous rows, channels-innermost strides, broadcast
 // coefficients, initial states, packed sequences, log coefficients, few long sequences chained
-// across blocks) on NaN-poisoned outputs,
+// across blocks; on sm_90 and newer, channels-innermost layouts with 16-byte aligned time steps take
+// the bulk family, the others the pipe family, and each line names the family) on NaN-poisoned outputs,
 // compares with the sequential recurrence on the host in double precision (the same
 // sequential_scan.h code, on the same strides) and exits non-zero on any mismatch.
 #include <cuda_bf16.h>
@@ -192,14 +193,16 @@ void build_params(const Case& c, const Buffers& buffers, linrec::ForwardParams& 
 }
 
 // Plans the call and launches it with the workspace the plan asks for, zeroed, as the op layer does.
+// Returns the family the plan chose.
 template <typename Params>
-void launch_with_workspace(Params& params) {
+linrec::Family launch_with_workspace(Params& params) {
   const linrec::Plan plan = linrec::cuda::make_plan(params);
   auto workspace = allocate<char>(plan.workspace_bytes);
   LINREC_CUDA_CHECK(cudaMemset(workspace.get(), 0, plan.workspace_bytes));
   params.workspace = plan.workspace_bytes > 0 ? workspace.get() : nullptr;
   linrec::cuda::launch(plan, params, nullptr);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());  // before the buffer is freed
+  return plan.family;
 }
 
 template <typename T>
@@ -247,7 +250,7 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
                forward, backward);
   forward.dtype = backward.dtype = dtype;
   forward.coeff_dtype = backward.coeff_dtype = dtype;
-  launch_with_workspace(forward);
+  const linrec::Family family = launch_with_workspace(forward);
   launch_with_workspace(backward);
   LINREC_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -255,7 +258,8 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
             matches("d_inputs", download(device_d_inputs), d_inputs, dtype) &&
             matches("d_coeffs", download(device_d_coeffs), d_coeffs, dtype);
   if (c.initial) ok = ok && matches("d_initial", download(device_d_initial), d_initial, dtype);
-  std::printf("%-4s %-10s %5lld x %-7lld %-7s%s%s%s%s%s\n", ok ? "ok" : "FAIL", linrec::dtype_name(dtype),
+  std::printf("%-4s %-4s %-10s %5lld x %-7lld %-7s%s%s%s%s%s\n", ok ? "ok" : "FAIL",
+              family == linrec::Family::Bulk ? "bulk" : "pipe", linrec::dtype_name(dtype),
               static_cast<long long>(c.rows), static_cast<long long>(c.seq_len), c.reverse ? "reverse" : "forward",
               c.channels_innermost ? " channels-innermost" : "", c.broadcast_coeffs ? " broadcast-coeffs" : "",
               c.initial ? " initial" : "", c.packed > 1 ? " packed" : "", c.log_coeffs ? " log-coeffs" : "");
@@ -266,10 +270,12 @@ bool check_case(DType dtype, const Case& c, std::mt19937& rng) {
 
 int main(int argc, char** argv) {
   const int64_t max_length = argc > 1 ? std::stoll(argv[1]) : 4097;
+  const std::string only = argc > 2 ? argv[2] : "";
   std::mt19937 rng(std::random_device{}());
   bool all_ok = true;
   for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Complex64, DType::Complex128})
     linrec::dispatch_dtype<__half, __nv_bfloat16>(dtype, [&]<typename T>() {
+      if (!only.empty() && only != linrec::dtype_name(dtype)) return;
       for (bool reverse : {false, true}) {
         for (int64_t seq_len : {int64_t(1), int64_t(2), int64_t(31), int64_t(33), int64_t(1000), max_length})
           all_ok &= check_case<T>(dtype, Case{131, seq_len, reverse}, rng);
@@ -286,8 +292,14 @@ int main(int argc, char** argv) {
         all_ok &= check_case<T>(dtype, Case{2, 100008, reverse, false, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{40, 5001, reverse, true, false, true}, rng);
         all_ok &= check_case<T>(dtype, Case{9000, 129, reverse, true}, rng);
-        if constexpr (!linrec::is_complex<T>::value)
+        // Channels innermost with 16-byte aligned steps (the bulk family on sm_90 and newer): packed with
+        // initial states, and a partial tile of 32 channels over several chunks.
+        all_ok &= check_case<T>(dtype, Case{72, 1001, reverse, true, false, true, 9}, rng);
+        all_ok &= check_case<T>(dtype, Case{40, 777, reverse, true}, rng);
+        if constexpr (!linrec::is_complex<T>::value) {
           all_ok &= check_case<T>(dtype, Case{67, 1001, reverse, false, false, false, 1, true}, rng);
+          all_ok &= check_case<T>(dtype, Case{72, 1001, reverse, true, false, true, 1, true}, rng);
+        }
       }
     });
   std::printf("%s (targets: %s)\n", all_ok ? "all cases match" : "MISMATCHES", linrec::cuda::compiled_targets());

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -32,6 +33,21 @@ Plan make_plan(const BackwardParams& params);
 // Launches `plan` (make_plan of these params, their workspace set) on `stream`.
 void launch(const Plan& plan, const ForwardParams& params, cudaStream_t stream);
 void launch(const Plan& plan, const BackwardParams& params, cudaStream_t stream);
+
+// The families' own plans and launches, between which make_plan and launch choose (scan_launch.cu):
+// the bulk family where it can take the call, else the pipe family, which takes every call.
+namespace pipe {
+Plan plan_call(const ForwardParams& params);
+Plan plan_call(const BackwardParams& params);
+void launch_plan(const Plan& plan, const ForwardParams& params, cudaStream_t stream);
+void launch_plan(const Plan& plan, const BackwardParams& params, cudaStream_t stream);
+}  // namespace pipe
+namespace bulk {
+std::optional<Plan> plan_call(const ForwardParams& params);
+std::optional<Plan> plan_call(const BackwardParams& params);
+void launch_plan(const Plan& plan, const ForwardParams& params, cudaStream_t stream);
+void launch_plan(const Plan& plan, const BackwardParams& params, cudaStream_t stream);
+}  // namespace bulk
 
 // The fused selective scan (ssm/lane_kernels.cuh, ssm/kernels.cuh), planned and launched the same way.
 ssm::Plan make_plan(const ssm::ForwardParams& params);

@@ -204,4 +204,13 @@ LINREC_HOST_DEVICE Acc coefficient(Acc stored, bool log_coeffs) {
   }
 }
 
+// Coefficients given as logs (log_coeffs) become the coefficients. The parallel kernels call it under
+// one branch per tile rather than per item, so that the exponentials are not evaluated when the flag
+// is off.
+template <typename Acc, int Items>
+LINREC_HOST_DEVICE void exponentiate(Acc (&coeff)[Items]) {
+  LINREC_UNROLL
+  for (int i = 0; i < Items; ++i) coeff[i] = coefficient(coeff[i], true);
+}
+
 }  // namespace linrec

@@ -7,9 +7,11 @@
 #if defined(__CUDACC__)
 #define LINREC_HOST_DEVICE __host__ __device__ __forceinline__
 #define LINREC_NO_UNROLL _Pragma("unroll 1")
+#define LINREC_UNROLL _Pragma("unroll")
 #else
 #define LINREC_HOST_DEVICE inline
 #define LINREC_NO_UNROLL
+#define LINREC_UNROLL
 #endif
 
 namespace linrec {

@@ -7,8 +7,9 @@
 namespace linrec {
 
 // The kernel families a call can be planned on; each is a directory of csrc/include/linrec/ with its
-// policy (tuning data and compiled configs), agent, kernels and plan.
-enum class Family : int8_t { Pipe };
+// policy (tuning data and compiled configs), agent, kernels and plan: Pipe (pipe/), every layout on
+// every GPU; Bulk (bulk/), strided time with contiguous channels on sm_90 and newer.
+enum class Family : int8_t { Pipe, Bulk };
 
 // How a sequence's tiles are distributed: all to one segment that carries the output from tile to
 // tile (Pipe), or one tile per block, chained by look-back (Chained).
@@ -23,7 +24,8 @@ enum class Variant : int8_t { Plain, Packed, Summing };
 
 struct Plan {
   Family family = Family::Pipe;
-  int config = 0;                      // index of the family's compiled config (pipe/policy.cuh: kPipeConfigs)
+  int config = 0;                      // index of the family's compiled config (pipe/policy.cuh: kPipeConfigs;
+                                       // bulk: 1 for a reverse scan, else 0)
   Schedule schedule = Schedule::Pipe;  // the config's
   Variant variant = Variant::Plain;
   bool channel_pairs = false;          // 16-bit channels scanned two at a time (pipe/plan.cuh: pair_channels)

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "linrec/numeric.h"
 #include "linrec/params.h"
 
 namespace linrec {
@@ -55,5 +56,50 @@ struct SequenceStarts {
     }
   }
 };
+
+// The sequence starts among a thread's Items consecutive elements from `begin`, in the forward op's
+// recurrence: outputs[start] = coeffs[start] * initial + inputs[start], and the state before a start
+// takes no part (its coefficient becomes 0). `initial`: the row's initial states, a packed sequence's
+// `initial_stride` apart (null: none). One search per thread's chunk rather than a test per item.
+template <bool Packed, typename Acc, typename C, int Items>
+LINREC_HOST_DEVICE void restart_forward(const SequenceStarts<Packed>& starts, int64_t begin, Acc (&value)[Items],
+                                        Acc (&coeff)[Items], const C* initial, int64_t initial_stride) {
+  starts.for_each(begin, begin + Items, [&](int64_t position, int64_t segment) {
+    const Acc state = initial != nullptr ? static_cast<Acc>(initial[segment * initial_stride]) : Acc(0);
+    LINREC_UNROLL
+    for (int i = 0; i < Items; ++i) {
+      if (begin + i == position) {
+        if (initial != nullptr) value[i] = coeff[i] * state + value[i];
+        coeff[i] = Acc(0);  // the state before the start takes no part, whatever it is
+      }
+    }
+  });
+}
+
+// The same for the backward recurrence (d_inputs against the forward op's direction): a start has no
+// predecessor, so its factor prev_output (conj(outputs[prev])) is its sequence's initial state where
+// there is one; the element before it in the forward direction has no successor, so its
+// shifted_coeff (conj(coeffs[next])) becomes 0. Returns the starts as bits (bit i: item i starts a
+// sequence), for d_coeffs and d_initial.
+template <bool ForwardReverse, bool Packed, typename Acc, typename C, int Items>
+LINREC_HOST_DEVICE uint32_t restart_backward(const SequenceStarts<Packed>& starts, int64_t begin,
+                                             Acc (&shifted_coeff)[Items], Acc (&prev_output)[Items], const C* initial,
+                                             int64_t initial_stride) {
+  static_assert(Items <= 32, "the starts are bits of one word");
+  const int64_t window_begin = ForwardReverse ? begin - 1 : begin;
+  uint32_t chunk_starts = 0;
+  starts.for_each(window_begin, window_begin + Items + 1, [&](int64_t position, int64_t segment) {
+    const int64_t at = position - begin, before = ForwardReverse ? at + 1 : at - 1;
+    LINREC_UNROLL
+    for (int i = 0; i < Items; ++i) {
+      if (i == at) {
+        chunk_starts |= 1u << i;
+        if (initial != nullptr) prev_output[i] = conj(static_cast<Acc>(initial[segment * initial_stride]));
+      }
+      if (i == before) shifted_coeff[i] = Acc(0);
+    }
+  });
+  return chunk_starts;
+}
 
 }  // namespace linrec

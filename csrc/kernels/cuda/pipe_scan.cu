@@ -14,8 +14,8 @@
 
 namespace linrec::cuda {
 
-Plan make_plan(const ForwardParams& params) { return pipe::make_plan(params); }
-Plan make_plan(const BackwardParams& params) { return pipe::make_plan(params); }
+Plan pipe::plan_call(const ForwardParams& params) { return pipe::make_plan(params); }
+Plan pipe::plan_call(const BackwardParams& params) { return pipe::make_plan(params); }
 
 namespace {
 
@@ -27,7 +27,7 @@ void check_workspace(const Plan& plan, const SequenceLayout& layout) {
 
 }  // namespace
 
-void launch(const Plan& plan, const ForwardParams& params, cudaStream_t stream) {
+void pipe::launch_plan(const Plan& plan, const ForwardParams& params, cudaStream_t stream) {
   check_workspace(plan, params);
   pipe::with_kernel_types(plan, params, [&]<typename T, typename C, PipeConfig Config>(const ForwardParams& launched) {
     pipe::pipe_forward_kernel<T, C, pipe::Policy<Config>>
@@ -36,7 +36,7 @@ void launch(const Plan& plan, const ForwardParams& params, cudaStream_t stream) 
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch(const Plan& plan, const BackwardParams& params, cudaStream_t stream) {
+void pipe::launch_plan(const Plan& plan, const BackwardParams& params, cudaStream_t stream) {
   check_workspace(plan, params);
   pipe::with_kernel_types(plan, params, [&]<typename T, typename C, PipeConfig Config>(const BackwardParams& launched) {
     dispatch_value<Variant::Plain, Variant::Packed, Variant::Summing>(plan.variant, [&]<Variant Kind>() {

@@ -12,14 +12,6 @@
 
 namespace linrec::cuda::pipe {
 
-// Coefficients given as logs (log_coeffs) become the coefficients. Called under one branch per
-// tile rather than per item, so that the exponentials are not evaluated when the flag is off.
-template <typename Acc, int Items>
-__device__ __forceinline__ void exponentiate(Acc (&coeff)[Items]) {
-  #pragma unroll
-  for (int i = 0; i < Items; ++i) coeff[i] = coefficient(coeff[i], true);
-}
-
 // An empty stand-in for the look-back's shared memory in kernels that do not chain.
 struct NoStorage {};
 

@@ -44,16 +44,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
     // One uniform branch per tile for the flag, and per chunk a search for the sequence starts in it
     // (one compare without cu_seqlens): branches per item cost the loop a fifth of its speed.
     if (params.log_coeffs) exponentiate(coeff);
-    starts.for_each(begin, begin + kItems, [&](int64_t position, int64_t segment) {
-      const Acc state = initial != nullptr ? static_cast<Acc>(initial[segment * params.initial.segment_stride]) : Acc(0);
-      #pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        if (begin + i == position) {  // outputs[start] = coeffs[start] * initial + inputs[start]
-          if (initial != nullptr) value[i] = coeff[i] * state + value[i];
-          coeff[i] = Acc(0);  // the state before the start takes no part, whatever it is
-        }
-      }
-    });
+    restart_forward(starts, begin, value, coeff, initial, params.initial.segment_stride);
     Acc next_value[kItems], next_coeff[kItems];
     if constexpr (Thread::kPrefetch)
       if (step + 1 < end_step) fetch_tile(step + 1, next_value, next_coeff);
@@ -142,21 +133,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       shifted_coeff[i] = conj(next >= 0 && next < kItems ? coeff[next] : coeff_after);
       prev_output[i] = conj(prev >= 0 && prev < kItems ? output[prev] : output_before);
     }
-    // A start has no predecessor: its factor is its sequence's initial state (d_coeffs is zeroed below
-    // without one). The element before it in the forward direction has no successor.
-    const int64_t window_begin = kForwardReverse ? begin - 1 : begin;
-    uint32_t chunk_starts = 0;  // bit i: item i starts a sequence
-    starts.for_each(window_begin, window_begin + kItems + 1, [&](int64_t position, int64_t segment) {
-      const int64_t at = position - begin, before = kForwardReverse ? at + 1 : at - 1;
-      #pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        if (i == at) {
-          chunk_starts |= 1u << i;
-          if (initial != nullptr) prev_output[i] = conj(static_cast<Acc>(initial[segment * params.initial.segment_stride]));
-        }
-        if (i == before) shifted_coeff[i] = Acc(0);
-      }
-    });
+    // d_coeffs is zeroed below at the starts of sequences without an initial state.
+    const uint32_t chunk_starts =
+        restart_backward<kForwardReverse>(starts, begin, shifted_coeff, prev_output, initial, params.initial.segment_stride);
     if (params.log_coeffs) {  // d/d(log c) = c * d/dc
       #pragma unroll
       for (int i = 0; i < kItems; ++i) prev_output[i] = prev_output[i] * coeff[i];

@@ -1,0 +1,239 @@
+// The bulk family's agent: what one thread of either kernel does with the chunks its block takes
+// (BulkThread). A block is persistent: it takes the chunks blockIdx.x, blockIdx.x + gridDim.x, ... of
+// the chunk-major order (lookback.h), keeps a ring of their boxes in flight (the first thread issues a
+// stage's copies as soon as the chunk before in that stage is stored), and scans each chunk as the
+// chained strided kernels do: lanes on channels, warps along time, the carry looked back at.
+#pragma once
+
+#include "linrec/block_scan.h"
+#include "linrec/bulk/policy.cuh"
+#include "linrec/bulk_copy.cuh"
+#include "linrec/lookback.h"
+#include "linrec/nonfinite_rescan.h"
+#include "linrec/numeric.h"
+
+namespace linrec::cuda::bulk {
+
+// The tensor maps of the boxes a kernel copies: the forward's inputs and coefficients; the
+// backward's upstream gradient, coefficients and outputs.
+struct BulkMaps {
+  CUtensorMap first, coeffs, outputs;
+};
+
+// One chunk: its group (a batch row's tile of 32 channels) and its place along time. Counts within
+// a call fit 32 bits (plan.cuh: fits), which keeps the registers of the chunk's bookkeeping few.
+struct Chunk {
+  int group;
+  int index;   // in scan order
+  int batch;   // the batch row (0 with one batch dim)
+  int tile;    // of channels, within the row
+  int begin;   // the box's first step, in memory order
+  bool exists; // false past the last chunk
+};
+
+template <typename T, typename C, BulkConfig Config, bool Backward>
+struct BulkThread {
+  using Acc = accumulator_t<T>;
+  // The backward runs against the forward op's direction.
+  static constexpr bool kScanReverse = Config.reverse != Backward;
+  static constexpr int kItems = bulk::kItems<T>;
+  static constexpr int kChunk = bulk::kChunk<T>;
+  static constexpr int kStages = bulk::kStages<T, C, Backward>;
+  using Stage = StageLayout<T, C, Backward>;
+  using Scan = TileScan<1, kWarps, kItems, kScanReverse, kCompensated<C>>;
+  // The look-back of strided time: the whole block, 4 chunks a thread of each of 32 channels.
+  using WindowScan = TileScan<1, kWarps, 4, false, kCompensated<C>>;
+  using Chain = ChainedPrefix<Acc, kChannels, WindowScan, 4, kThreads>;
+  struct Storage {
+    typename Scan::template Storage<Acc> scan;
+    typename Chain::Storage chain;
+    uint64_t landed[kStages];  // a barrier per stage: its boxes have landed
+    bool last;                 // whether this block is the grid's last to finish
+  };
+
+  Storage& storage;
+  unsigned char* const ring;
+  const int lane = threadIdx.x % kWarp;  // the channel within the tile
+  const int rank = threadIdx.x / kWarp;  // the warp's place along the chunk
+  const int channels, tiles_per_row, num_groups, num_chunks;
+
+  __device__ __forceinline__ BulkThread(Storage& storage_, unsigned char* ring_, const SequenceLayout& layout)
+      : storage(storage_),
+        ring(ring_),
+        channels(static_cast<int>(layout.shape.sizes[layout.shape.num_dims - 1])),
+        tiles_per_row((channels + kChannels - 1) / kChannels),
+        num_groups(static_cast<int>(layout.num_rows() / channels) * tiles_per_row),
+        num_chunks(static_cast<int>((layout.seq_len + kChunk - 1) / kChunk)) {}
+
+  __host__ __device__ static typename Chain::Layout chain_layout(const SequenceLayout& layout) {
+    const int64_t channels = layout.shape.sizes[layout.shape.num_dims - 1];
+    const int64_t tiles = (channels + kChannels - 1) / kChannels;
+    return {layout.num_rows() / channels * tiles, (layout.seq_len + kChunk - 1) / kChunk};
+  }
+
+  // The k-th chunk this block takes.
+  __device__ __forceinline__ Chunk chunk(int64_t k) const {
+    const int64_t work = blockIdx.x + k * static_cast<int64_t>(gridDim.x);
+    Chunk chunk;
+    chunk.exists = work < static_cast<int64_t>(num_groups) * num_chunks;
+    if (work >> 31 == 0) {  // a 32-bit division, where it is exact: a 64-bit one is a long call
+      chunk.index = static_cast<int>(work) / num_groups;
+      chunk.group = static_cast<int>(work) % num_groups;
+    } else {
+      chunk.index = static_cast<int>(work / num_groups);
+      chunk.group = static_cast<int>(work % num_groups);
+    }
+    chunk.batch = chunk.group / tiles_per_row;
+    chunk.tile = chunk.group % tiles_per_row;
+    chunk.begin = (kScanReverse ? num_chunks - 1 - chunk.index : chunk.index) * kChunk;
+    return chunk;
+  }
+
+  // This thread's channel of a chunk: whether it exists, and its row (BatchShape).
+  __device__ __forceinline__ int channel(const Chunk& chunk) const { return chunk.tile * kChannels + lane; }
+  __device__ __forceinline__ bool active(const Chunk& chunk) const { return channel(chunk) < channels; }
+  __device__ __forceinline__ int64_t row(const Chunk& chunk) const {
+    return static_cast<int64_t>(chunk.batch) * channels + channel(chunk);
+  }
+
+  // The boxes of stage `stage`: the first operand's, the coefficients', the outputs' (backward).
+  __device__ __forceinline__ T* first_slot(int stage) const {
+    return reinterpret_cast<T*>(ring + stage * Stage::kBytes);
+  }
+  __device__ __forceinline__ C* coeff_slot(int stage) const {
+    return reinterpret_cast<C*>(ring + stage * Stage::kBytes + Stage::kFirstBytes);
+  }
+  __device__ __forceinline__ T* output_slot(int stage) const {
+    return reinterpret_cast<T*>(ring + stage * Stage::kBytes + Stage::kFirstBytes + Stage::kCoeffBytes);
+  }
+
+  // The first step of the extra-row boxes of the backward: the coefficients reach one step towards
+  // the next element of the forward op, the outputs one step towards the previous one.
+  __device__ __forceinline__ static int coeff_box_shift() { return Config.reverse ? -1 : 0; }
+  __device__ __forceinline__ static int output_box_shift() { return Config.reverse ? 0 : -1; }
+
+  // Issues the copies of the k-th chunk's boxes into its stage (first thread only).
+  __device__ __forceinline__ void load(const BulkMaps& maps, int64_t k) {
+    const Chunk next = chunk(k);
+    if (!next.exists) return;
+    const int stage = static_cast<int>(k % kStages);
+    uint64_t* const landed = &storage.landed[stage];
+    const int channel = next.tile * kChannels;
+    expect_bytes(landed, Stage::kCopiedBytes);
+    load_box(first_slot(stage), maps.first, channel, next.begin, next.batch, landed);
+    load_box(coeff_slot(stage), maps.coeffs, channel, next.begin + (Backward ? coeff_box_shift() : 0), next.batch, landed);
+    if constexpr (Backward)
+      load_box(output_slot(stage), maps.outputs, channel, next.begin + output_box_shift(), next.batch, landed);
+  }
+
+  // Sets up the ring and issues the first kStages chunks' copies.
+  __device__ __forceinline__ void start(const BulkMaps& maps) {
+    if (threadIdx.x == 0) {
+      for (int stage = 0; stage < kStages; ++stage) init_barrier(&storage.landed[stage]);
+      for (int k = 0; k < kStages; ++k) load(maps, k);
+    }
+    __syncthreads();
+  }
+
+  // Waits for the k-th chunk's boxes; returns its stage.
+  __device__ __forceinline__ int wait(int64_t k) {
+    const int stage = static_cast<int>(k % kStages);
+    wait_barrier(&storage.landed[stage], static_cast<uint32_t>(k / kStages % 2));
+    return stage;
+  }
+
+  // Element `row` (of the box, from its first step) of this thread's channel in a slot.
+  template <typename Element>
+  __device__ __forceinline__ Acc item(const Element* slot, int row) const {
+    return static_cast<Acc>(slot[row * kChannels + lane]);
+  }
+  // This thread's steps of a slot, shifted by `shift` rows.
+  template <typename Element>
+  __device__ __forceinline__ void read(const Element* slot, Acc (&items)[kItems], int shift = 0) const {
+    #pragma unroll
+    for (int i = 0; i < kItems; ++i) items[i] = item(slot, rank * kItems + i + shift);
+  }
+  // Writes this thread's results into a slot, in place of what it read there.
+  template <typename Element>
+  __device__ __forceinline__ void write(Element* slot, const Acc (&items)[kItems]) const {
+    #pragma unroll
+    for (int i = 0; i < kItems; ++i) slot[(rank * kItems + i) * kChannels + lane] = static_cast<Element>(items[i]);
+  }
+
+  // Stores a slot's box of results (written there by every thread: call after a barrier) to
+  // `operand`, 16 bytes a thread along channels; the steps past the row's end and the pieces past the
+  // last channel are not stored (channels come in whole 16-byte pieces: plan.cuh, fits).
+  template <typename Element>
+  __device__ __forceinline__ void store(const Operand& operand, const Chunk& chunk, const Element* slot,
+                                        const SequenceLayout& layout) const {
+    constexpr int kPerPiece = 16 / sizeof(Element);
+    constexpr int kPiecesPerRow = kChannels / kPerPiece;
+    const int first_channel = chunk.tile * kChannels;
+    Element* const base = operand.row<Element>(layout.shape.row_offsets(row(chunk) - lane, operand).at[0]);
+    const int steps = static_cast<int>(layout.seq_len) - chunk.begin;
+    #pragma unroll
+    for (int piece = threadIdx.x; piece < kChunk * kPiecesPerRow; piece += kThreads) {
+      const int row = piece / kPiecesPerRow, column = piece % kPiecesPerRow * kPerPiece;
+      if (row >= steps) break;  // pieces go row by row
+      if (first_channel + column < channels)
+        __stwb(reinterpret_cast<uint4*>(base + static_cast<int64_t>(chunk.begin + row) * operand.time_stride + column),
+               *reinterpret_cast<const uint4*>(slot + row * kChannels + column));
+    }
+  }
+
+  // The prefix hook of a chunk: the look-back across the chunks of its group.
+  __device__ __forceinline__ Chain prefix(const SequenceLayout& layout, const Chunk& chunk) const {
+    return Chain{storage.chain, layout.workspace, {num_groups, num_chunks}, chunk.group, chunk.index, lane, rank,
+                 active(chunk)};
+  }
+
+  // The workspace: the look-back's statuses and, per group, the rescan counters of lookback.h (of
+  // which the bulk kernels use the flags of rows with a non-finite result), then a count of the blocks
+  // that have finished and whether any row is flagged.
+  __host__ __device__ static int64_t workspace_bytes(const SequenceLayout& layout) {
+    return chain_layout(layout).bytes() + 2 * static_cast<int64_t>(sizeof(int));
+  }
+  __device__ __forceinline__ int* row_flags(const SequenceLayout& layout, int64_t group) const {
+    return chain_layout(layout).rescan_counters(layout.workspace, group) + 1;
+  }
+  __device__ __forceinline__ int* blocks_done(const SequenceLayout& layout) const {
+    return reinterpret_cast<int*>(static_cast<char*>(layout.workspace) + chain_layout(layout).bytes());
+  }
+  __device__ __forceinline__ int* any_flagged(const SequenceLayout& layout) const { return blocks_done(layout) + 1; }
+
+  // After a chunk's results are stored: flags the rows where this thread wrote a non-finite result,
+  // and issues the copies of the chunk kStages on into the stage the barrier frees.
+  __device__ __forceinline__ void finish(const SequenceLayout& layout, const BulkMaps& maps, const Chunk& done,
+                                         int64_t k, bool nonfinite) {
+    if (nonfinite) {
+      atomicOr(row_flags(layout, done.group), 1 << lane);
+      atomicOr(any_flagged(layout), 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) load(maps, k + kStages);
+  }
+
+  // The rescan of non-finite results (nonfinite_rescan.h): once every chunk is stored, the rows that
+  // hold one are scanned again by the plain recurrence. The grid's last block to finish does it, a
+  // group a warp, a row a lane, where any row is flagged (reading every group's flags is a round trip
+  // to L2 per group and warp): the blocks count themselves once each, so that no chunk waits on a
+  // fence (a count per chunk, as the chained pipes keep, waits for the chunk's stores).
+  template <typename Params>
+  __device__ __forceinline__ void rescan_nonfinite(const Params& params) {
+    __syncthreads();  // every thread's stores, before the first thread's fence and count
+    if (threadIdx.x == 0) {
+      __threadfence();
+      storage.last = atomicAdd(blocks_done(params), 1) == static_cast<int>(gridDim.x) - 1;
+      __threadfence();  // every block's results, read after its count
+    }
+    __syncthreads();
+    if (!storage.last || __ldcg(any_flagged(params)) == 0) return;
+    for (int group = rank; group < num_groups; group += kWarps) {
+      const int channel = group % tiles_per_row * kChannels + lane;
+      if (channel < channels && (__ldcg(row_flags(params, group)) >> lane & 1))
+        linrec::rescan_nonfinite<T, C>(params, static_cast<int64_t>(group / tiles_per_row) * channels + channel);
+    }
+  }
+};
+
+}  // namespace linrec::cuda::bulk
