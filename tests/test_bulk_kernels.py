@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import (
     check_with_features,
+    linrec_loop,
     misaligned_copy,
     packed_offsets,
     random_coeffs,
@@ -154,7 +155,7 @@ def test_non_finite_values_follow_the_recurrence(seed, dtype, reverse):
     every other value matches the reference."""
     chunk = chunk_length(dtype)
     inputs = random_values((2, 6 * chunk + 3, 64), dtype, "cuda")
-    coeffs = random_coeffs(inputs.shape, torch.float32 if dtype == torch.float32 else dtype, "cuda")
+    coeffs = random_coeffs(inputs.shape, dtype, "cuda")
     inputs[0, chunk - 1, 3] = float("nan")
     inputs[1, 2 * chunk, 40] = float("inf")
     inputs[1, 3 * chunk + 1, 41] = float("-inf")
@@ -167,6 +168,31 @@ def test_non_finite_values_follow_the_recurrence(seed, dtype, reverse):
     assert (~finite).sum() > 4 * chunk
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(outputs[finite], expected[finite], rtol=tolerance, atol=tolerance)
+    assert torch.isnan(outputs[torch.isnan(expected)]).all()
+    infinite = torch.isinf(expected)
+    assert torch.equal(outputs[infinite], expected[infinite])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_exact_zeros_ones_and_overflow_follow_the_loop(seed, reverse):
+    """float32 coefficients exactly 0 (resets inside a chunk and on a chunk boundary), exactly 1 (running
+    sums across every chunk) and 1e10 (the state overflows to +-Inf within a few steps, where the
+    parallel products become Inf and NaN): the outputs are the float32 loop's, its non-finite values
+    exactly."""
+    chunk = chunk_length(torch.float32)
+    inputs = random_values((2, 3 * chunk + 5, 64), torch.float32, "cuda")
+    coeffs = random_coeffs(inputs.shape, torch.float32, "cuda")
+    coeffs[:, chunk, :8] = 0.0
+    coeffs[:, chunk // 2 + 3, 8:16] = 0.0
+    coeffs[:, :, 16:24] = 1.0
+    coeffs[0, :, 24] = 1e10
+    assert families_of(inputs, coeffs, dim=1) == {"bulk"}
+    outputs = linrec.linrec(inputs, coeffs, dim=1, reverse=reverse).cpu()
+    expected = linrec_loop(inputs.cpu().transpose(1, 2), coeffs.cpu().transpose(1, 2), reverse).transpose(1, 2)
+    finite = torch.isfinite(expected)
+    assert (~finite).sum() > 2 * chunk  # channel 24 of row 0 from its overflow on
+    scale = expected[finite].abs().max().item()
+    torch.testing.assert_close(outputs[finite], expected[finite], rtol=1e-4, atol=1e-4 * scale)
     assert torch.isnan(outputs[torch.isnan(expected)]).all()
     infinite = torch.isinf(expected)
     assert torch.equal(outputs[infinite], expected[infinite])
