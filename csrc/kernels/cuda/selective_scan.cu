@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "linrec/cuda_launch.h"
+#include "linrec/device_shape.h"
 #include "linrec/dispatch.h"
 #include "linrec/ssm/kernels.cuh"
 #include "linrec/ssm/lane_kernels.cuh"
@@ -62,14 +63,6 @@ void launch_rows(void (*kernel)(Params), const Params& params, int64_t shared_by
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
-
-// The streaming multiprocessors of the current device.
-int multiprocessors() {
-  int device = 0, count = 0;
-  LINREC_CUDA_CHECK(cudaGetDevice(&device));
-  LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
 
 // Launches a lane-family kernel with one block per (batch row, group, kChannels channels) and time
 // segment (grid y).
@@ -140,7 +133,7 @@ template <bool Backward>
 void plan_lanes(const ssm::ForwardParams& params, ssm::Plan& plan) {
   using ssm::LanePolicy;
   if (!ssm::lanes::takes(params) || params.length == 0) return;
-  const int64_t sms = multiprocessors(), chunks = ssm::chunks_of(params.length);
+  const int64_t sms = device_shape().multiprocessors, chunks = ssm::chunks_of(params.length);
   std::vector<LanePolicy> candidates{LanePolicy::Narrow};
   if (params.n <= 16 && ssm::lanes::blocks_of<ssm::lanes::Policy<4, 4>>(params) * chunks < 2 * sms)
     candidates = {LanePolicy::Single};  // too few blocks even split into every chunk

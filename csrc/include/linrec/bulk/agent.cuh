@@ -1,8 +1,8 @@
 // The bulk family's agent: what one thread of either kernel does with the chunks its block takes
-// (BulkThread). A block is persistent: it takes the chunks blockIdx.x, blockIdx.x + gridDim.x, ... of
-// the chunk-major order (lookback.h), keeps a ring of their boxes in flight (the first thread issues a
-// stage's copies as soon as the chunk before in that stage is stored), and scans each chunk as the
-// chained strided kernels do: lanes on channels, warps along time, the carry looked back at.
+// (BulkThread). A block is persistent: it takes chunks of the chunk-major order (lookback.h) in one of
+// two orders (ChunkOrder), keeps a ring of their boxes in flight (the first thread takes a chunk and
+// issues its stage's copies as soon as the chunk before in that stage is stored), and scans each chunk
+// as the chained strided kernels do: lanes on channels, warps along time, the carry looked back at.
 #pragma once
 
 #include "linrec/block_scan.h"
@@ -14,10 +14,22 @@
 
 namespace linrec::cuda::bulk {
 
-// The tensor maps of the boxes a kernel copies: the forward's inputs and coefficients; the
-// backward's upstream gradient, coefficients and outputs.
+// How the blocks share out the chunks (the plan chooses; docs/design.md, Bulk-copied strided time).
+// ByBlock: block b takes chunks b, b + gridDim.x, ...; a round of the grid holds the same chunks
+// whatever the timing, so where a group's chunks follow each other within a round (fewer groups than
+// blocks) each block lags the one it waits for by a stable step. FromCounter: each block takes the
+// next chunk from a counter in the workspace when a stage frees, so that blocks which run faster take
+// more chunks; where a chunk's predecessor lies a round or more before it (as many groups as blocks)
+// nothing waits, and the grid's load evens out. Either order waits only on chunks of lower number,
+// held by blocks that the cooperative launch keeps resident.
+enum class ChunkOrder : int { ByBlock, FromCounter };
+
+// What a launch passes beside the params: the tensor maps of the boxes a kernel copies (the forward's
+// inputs and coefficients; the backward's upstream gradient, coefficients and outputs), and the order
+// of chunks.
 struct BulkMaps {
   CUtensorMap first, coeffs, outputs;
+  ChunkOrder order;
 };
 
 // One chunk: its group (a batch row's tile of 32 channels) and its place along time. Counts within
@@ -48,6 +60,7 @@ struct BulkThread {
     typename Scan::template Storage<Acc> scan;
     typename Chain::Storage chain;
     uint64_t landed[kStages];  // a barrier per stage: its boxes have landed
+    int number[kStages];       // the chunk each stage holds (past the last chunk: none), set with its copies
     bool last;                 // whether this block is the grid's last to finish
   };
 
@@ -56,6 +69,8 @@ struct BulkThread {
   const int lane = threadIdx.x % kWarp;  // the channel within the tile
   const int rank = threadIdx.x / kWarp;  // the warp's place along the chunk
   const int channels, tiles_per_row, num_groups, num_chunks;
+  int upcoming = 0;  // FromCounter: the first thread's next chunk, taken one load ahead (its atomic's round trip
+                    // off the critical path)
 
   __device__ __forceinline__ BulkThread(Storage& storage_, unsigned char* ring_, const SequenceLayout& layout)
       : storage(storage_),
@@ -71,18 +86,12 @@ struct BulkThread {
     return {layout.num_rows() / channels * tiles, (layout.seq_len + kChunk - 1) / kChunk};
   }
 
-  // The k-th chunk this block takes.
-  __device__ __forceinline__ Chunk chunk(int64_t k) const {
-    const int64_t work = blockIdx.x + k * static_cast<int64_t>(gridDim.x);
+  // The chunk of number `number` in the chunk-major order.
+  __device__ __forceinline__ Chunk chunk(int number) const {
     Chunk chunk;
-    chunk.exists = work < static_cast<int64_t>(num_groups) * num_chunks;
-    if (work >> 31 == 0) {  // a 32-bit division, where it is exact: a 64-bit one is a long call
-      chunk.index = static_cast<int>(work) / num_groups;
-      chunk.group = static_cast<int>(work) % num_groups;
-    } else {
-      chunk.index = static_cast<int>(work / num_groups);
-      chunk.group = static_cast<int>(work % num_groups);
-    }
+    chunk.exists = number < num_groups * num_chunks;
+    chunk.index = number / num_groups;
+    chunk.group = number % num_groups;
     chunk.batch = chunk.group / tiles_per_row;
     chunk.tile = chunk.group % tiles_per_row;
     chunk.begin = (kScanReverse ? num_chunks - 1 - chunk.index : chunk.index) * kChunk;
@@ -112,12 +121,21 @@ struct BulkThread {
   __device__ __forceinline__ static int coeff_box_shift() { return Config.reverse ? -1 : 0; }
   __device__ __forceinline__ static int output_box_shift() { return Config.reverse ? 0 : -1; }
 
-  // Issues the copies of the k-th chunk's boxes into its stage (first thread only).
-  __device__ __forceinline__ void load(const BulkMaps& maps, int64_t k) {
-    const Chunk next = chunk(k);
-    if (!next.exists) return;
+  // Takes the block's k-th chunk and issues the copies of its boxes into its stage (first thread
+  // only). Past the last chunk, the stage's barrier completes with no copies, and the stage says none.
+  __device__ __forceinline__ void load(const SequenceLayout& layout, const BulkMaps& maps, int64_t k) {
+    const bool by_block = maps.order == ChunkOrder::ByBlock;
+    // Numbers past the last chunk stay within 32 bits: the plan keeps the chunks under 2^30.
+    const int number = by_block ? static_cast<int>(blockIdx.x + k * gridDim.x) : upcoming;
+    const Chunk next = chunk(number);
+    if (next.exists && !by_block) upcoming = atomicAdd(next_chunk(layout), 1);
     const int stage = static_cast<int>(k % kStages);
     uint64_t* const landed = &storage.landed[stage];
+    storage.number[stage] = number;  // read by the block after the barrier completes
+    if (!next.exists) {
+      expect_bytes(landed, 0);
+      return;
+    }
     const int channel = next.tile * kChannels;
     expect_bytes(landed, Stage::kCopiedBytes);
     load_box(first_slot(stage), maps.first, channel, next.begin, next.batch, landed);
@@ -127,19 +145,30 @@ struct BulkThread {
   }
 
   // Sets up the ring and issues the first kStages chunks' copies.
-  __device__ __forceinline__ void start(const BulkMaps& maps) {
+  __device__ __forceinline__ void start(const SequenceLayout& layout, const BulkMaps& maps) {
     if (threadIdx.x == 0) {
       for (int stage = 0; stage < kStages; ++stage) init_barrier(&storage.landed[stage]);
-      for (int k = 0; k < kStages; ++k) load(maps, k);
+      if (maps.order == ChunkOrder::FromCounter) upcoming = atomicAdd(next_chunk(layout), 1);
+      for (int k = 0; k < kStages; ++k) load(layout, maps, k);
     }
     __syncthreads();
   }
 
-  // Waits for the k-th chunk's boxes; returns its stage.
-  __device__ __forceinline__ int wait(int64_t k) {
-    const int stage = static_cast<int>(k % kStages);
-    wait_barrier(&storage.landed[stage], static_cast<uint32_t>(k / kStages % 2));
-    return stage;
+  // Runs body(chunk, stage) on every chunk the block takes, once its boxes have landed in `stage`;
+  // body returns whether this thread's results hold a non-finite value. Then the rescan of rows with
+  // one (rescan_nonfinite).
+  template <typename Params, typename Body>
+  __device__ __forceinline__ void run(const Params& params, const BulkMaps& maps, Body&& body) {
+    start(params, maps);
+    for (int64_t k = 0;; ++k) {
+      const int stage = static_cast<int>(k % kStages);
+      wait_barrier(&storage.landed[stage], static_cast<uint32_t>(k / kStages % 2));
+      const Chunk taken = chunk(storage.number[stage]);
+      if (!taken.exists) break;
+      const bool nonfinite = body(taken, stage);
+      finish(params, maps, taken, k, nonfinite);
+    }
+    rescan_nonfinite(params);
   }
 
   // Element `row` (of the box, from its first step) of this thread's channel in a slot.
@@ -161,45 +190,53 @@ struct BulkThread {
   }
 
   // Stores a slot's box of results (written there by every thread: call after a barrier) to
-  // `operand`, 16 bytes a thread along channels; the steps past the row's end and the pieces past the
+  // `operand`, 16 bytes a thread along channels: a thread keeps one column of pieces and steps down
+  // the rows, its address advanced by a stride. The steps past the row's end and the pieces past the
   // last channel are not stored (channels come in whole 16-byte pieces: plan.cuh, fits).
   template <typename Element>
   __device__ __forceinline__ void store(const Operand& operand, const Chunk& chunk, const Element* slot,
                                         const SequenceLayout& layout) const {
     constexpr int kPerPiece = 16 / sizeof(Element);
     constexpr int kPiecesPerRow = kChannels / kPerPiece;
-    const int first_channel = chunk.tile * kChannels;
-    Element* const base = operand.row<Element>(layout.shape.row_offsets(row(chunk) - lane, operand).at[0]);
+    constexpr int kRowsPerPass = kThreads / kPiecesPerRow;
+    static_assert(kChunk % kRowsPerPass == 0, "every thread stores the same number of rows");
+    const int column = threadIdx.x % kPiecesPerRow * kPerPiece;
+    const int first_row = threadIdx.x / kPiecesPerRow;
+    if (chunk.tile * kChannels + column >= channels) return;
     const int steps = static_cast<int>(layout.seq_len) - chunk.begin;
+    const int64_t pass_stride = kRowsPerPass * operand.time_stride;
+    Element* target = operand.row<Element>(layout.shape.row_offsets(row(chunk) - lane, operand).at[0]) +
+                      (chunk.begin + first_row) * operand.time_stride + column;
     #pragma unroll
-    for (int piece = threadIdx.x; piece < kChunk * kPiecesPerRow; piece += kThreads) {
-      const int row = piece / kPiecesPerRow, column = piece % kPiecesPerRow * kPerPiece;
-      if (row >= steps) break;  // pieces go row by row
-      if (first_channel + column < channels)
-        __stwb(reinterpret_cast<uint4*>(base + static_cast<int64_t>(chunk.begin + row) * operand.time_stride + column),
-               *reinterpret_cast<const uint4*>(slot + row * kChannels + column));
+    for (int row = first_row; row < kChunk; row += kRowsPerPass, target += pass_stride) {
+      if (row >= steps) break;
+      __stwb(reinterpret_cast<uint4*>(target), *reinterpret_cast<const uint4*>(slot + row * kChannels + column));
     }
   }
 
   // The prefix hook of a chunk: the look-back across the chunks of its group.
   __device__ __forceinline__ Chain prefix(const SequenceLayout& layout, const Chunk& chunk) const {
-    return Chain{storage.chain, layout.workspace, {num_groups, num_chunks}, chunk.group, chunk.index, lane, rank,
+    return Chain{storage.chain, chain_workspace(layout), {num_groups, num_chunks}, chunk.group, chunk.index, lane, rank,
                  active(chunk)};
   }
 
-  // The workspace: the look-back's statuses and, per group, the rescan counters of lookback.h (of
-  // which the bulk kernels use the flags of rows with a non-finite result), then a count of the blocks
-  // that have finished and whether any row is flagged.
+  // The workspace: three counters (the next chunk to take, the blocks that have finished, whether any
+  // row is flagged) in the first 16 bytes, where their addresses need no arithmetic; then the look-back's
+  // statuses and, per group, the rescan counters of lookback.h, of which the bulk kernels use the flags
+  // of rows with a non-finite result.
+  static constexpr int64_t kCountersBytes = 16;
   __host__ __device__ static int64_t workspace_bytes(const SequenceLayout& layout) {
-    return chain_layout(layout).bytes() + 2 * static_cast<int64_t>(sizeof(int));
+    return kCountersBytes + chain_layout(layout).bytes();
+  }
+  __device__ __forceinline__ static int* next_chunk(const SequenceLayout& layout) { return static_cast<int*>(layout.workspace); }
+  __device__ __forceinline__ static int* blocks_done(const SequenceLayout& layout) { return next_chunk(layout) + 1; }
+  __device__ __forceinline__ static int* any_flagged(const SequenceLayout& layout) { return next_chunk(layout) + 2; }
+  __device__ __forceinline__ static void* chain_workspace(const SequenceLayout& layout) {
+    return static_cast<char*>(layout.workspace) + kCountersBytes;
   }
   __device__ __forceinline__ int* row_flags(const SequenceLayout& layout, int64_t group) const {
-    return chain_layout(layout).rescan_counters(layout.workspace, group) + 1;
+    return chain_layout(layout).rescan_counters(chain_workspace(layout), group) + 1;
   }
-  __device__ __forceinline__ int* blocks_done(const SequenceLayout& layout) const {
-    return reinterpret_cast<int*>(static_cast<char*>(layout.workspace) + chain_layout(layout).bytes());
-  }
-  __device__ __forceinline__ int* any_flagged(const SequenceLayout& layout) const { return blocks_done(layout) + 1; }
 
   // After a chunk's results are stored: flags the rows where this thread wrote a non-finite result,
   // and issues the copies of the chunk kStages on into the stage the barrier frees.
@@ -210,7 +247,7 @@ struct BulkThread {
       atomicOr(any_flagged(layout), 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) load(maps, k + kStages);
+    if (threadIdx.x == 0) load(layout, maps, k + kStages);
   }
 
   // The rescan of non-finite results (nonfinite_rescan.h): once every chunk is stored, the rows that

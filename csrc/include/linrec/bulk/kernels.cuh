@@ -20,11 +20,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, false>))
   __shared__ typename Thread::Storage storage;
   Thread thread(storage, ring, params);
   const SequenceStarts<true> starts{params};
-  thread.start(maps);
-  for (int64_t k = 0;; ++k) {
-    const Chunk chunk = thread.chunk(k);
-    if (!chunk.exists) break;
-    const int stage = thread.wait(k);
+  thread.run(params, maps, [&](const Chunk& chunk, int stage) {
     const bool active = thread.active(chunk);
     const int64_t begin = chunk.begin + thread.rank * kItems;
     Acc value[kItems], coeff[kItems];
@@ -40,9 +36,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, false>))
     thread.write(thread.first_slot(stage), value);
     __syncthreads();
     thread.store(params.outputs, chunk, thread.first_slot(stage), params);
-    thread.finish(params, maps, chunk, k, !all_finite(value));
-  }
-  thread.rescan_nonfinite(params);
+    return !all_finite(value);
+  });
 #endif
 }
 
@@ -66,11 +61,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, true>))
   constexpr int kCoeffShift = kForwardReverse ? 1 : 0;
   constexpr int kNextCoeffShift = kForwardReverse ? 0 : 1;
   constexpr int kPrevOutputShift = kForwardReverse ? 1 : 0;
-  thread.start(maps);
-  for (int64_t k = 0;; ++k) {
-    const Chunk chunk = thread.chunk(k);
-    if (!chunk.exists) break;
-    const int stage = thread.wait(k);
+  thread.run(params, maps, [&](const Chunk& chunk, int stage) {
     const bool active = thread.active(chunk);
     const int64_t begin = chunk.begin + thread.rank * kItems;
     const C* const coeff_slot = thread.coeff_slot(stage);
@@ -117,9 +108,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, true>))
     __syncthreads();
     thread.store(params.d_inputs, chunk, thread.first_slot(stage), params);
     thread.store(params.d_coeffs, chunk, thread.coeff_slot(stage), params);
-    thread.finish(params, maps, chunk, k, !all_finite(value));
-  }
-  thread.rescan_nonfinite(params);
+    return !all_finite(value);
+  });
 #endif
 }
 

@@ -13,33 +13,11 @@
 
 #include "linrec/bulk/kernels.cuh"
 #include "linrec/cuda_launch.h"
+#include "linrec/device_shape.h"
 #include "linrec/dispatch.h"
 #include "linrec/plan.h"
 
 namespace linrec::cuda::bulk {
-
-// The current device's compute capability (major) and SM count, queried once per device.
-struct DeviceShape {
-  int major = 0, multiprocessors = 0;
-};
-
-inline DeviceShape device_shape() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known_major[kMaxDevices] = {}, known_count[kMaxDevices] = {};
-  int device = 0;
-  LINREC_CUDA_CHECK(cudaGetDevice(&device));
-  const bool cached = device >= 0 && device < kMaxDevices;
-  if (cached && known_count[device].load(std::memory_order_relaxed) > 0)
-    return {known_major[device].load(std::memory_order_relaxed), known_count[device].load(std::memory_order_relaxed)};
-  DeviceShape shape;
-  LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&shape.major, cudaDevAttrComputeCapabilityMajor, device));
-  LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&shape.multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  if (cached) {
-    known_major[device].store(shape.major, std::memory_order_relaxed);
-    known_count[device].store(shape.multiprocessors, std::memory_order_relaxed);
-  }
-  return shape;
-}
 
 // An operand as the copy unit or the 16-byte stores address it, in boxes of `box_steps` steps.
 inline BoxedTensor boxed(const SequenceLayout& layout, const Operand& operand, int element_bytes, int box_steps) {
@@ -136,8 +114,10 @@ int resident_blocks(Variant variant) {
 }
 
 // The call's plan on the bulk family, where it can take it: a persistent grid of as many blocks as
-// the GPU holds at once (fewer where there are fewer chunks), so that every chunk a look-back waits
-// for belongs to a running block. A tile shape forced in the params names a config of the pipe family.
+// the GPU holds at once (fewer where there are fewer chunks). A tile shape forced in the params names
+// a config of the pipe family.
+constexpr int64_t kMaxChunks = int64_t(1) << 30;
+
 template <typename Params>
 std::optional<Plan> make_plan(const Params& params) {
   if (params.num_rows() == 0 || params.seq_len < 2 || params.threads_per_sequence > 0) return std::nullopt;
@@ -148,6 +128,8 @@ std::optional<Plan> make_plan(const Params& params) {
     if (!operands_fit<T, C>(params)) return;
     using Thread = BulkThread<T, C, Config, kBackward<Params>>;
     const auto chain = Thread::chain_layout(params);
+    // Chunk numbers, and the counter that hands them out past the last, stay within 32 bits.
+    if (chain.num_blocks() > kMaxChunks) return;
     if (!takes<T>(chain.num_groups, device.multiprocessors)) return;
     const Variant variant = variant_of(params);
     const int blocks = resident_blocks<T, C, Config, Params>(variant);
@@ -169,25 +151,52 @@ template <typename T, typename C>
 BulkMaps tensor_maps(const ForwardParams& params) {
   constexpr int kSteps = kChunk<T>;
   return {encode_tensor_map(boxed(params, params.inputs, sizeof(T), kSteps)),
-          encode_tensor_map(boxed(params, params.coeffs, sizeof(C), kSteps)), CUtensorMap{}};
+          encode_tensor_map(boxed(params, params.coeffs, sizeof(C), kSteps)), CUtensorMap{}, ChunkOrder::ByBlock};
 }
 template <typename T, typename C>
 BulkMaps tensor_maps(const BackwardParams& params) {
   constexpr int kSteps = kChunk<T>;
   return {encode_tensor_map(boxed(params, params.d_outputs, sizeof(T), kSteps)),
           encode_tensor_map(boxed(params, params.coeffs, sizeof(C), kSteps + 1)),
-          encode_tensor_map(boxed(params, params.outputs, sizeof(T), kSteps + 1))};
+          encode_tensor_map(boxed(params, params.outputs, sizeof(T), kSteps + 1)), ChunkOrder::ByBlock};
 }
 
-// Launches a plan of make_plan on `stream`.
+// The order in which a grid takes the chunks of `num_groups` groups (agent.cuh: ChunkOrder): from the
+// counter where a round of the grid holds at most two chunks of a group.
+inline ChunkOrder chunk_order(int64_t num_groups, int64_t grid_blocks) {
+  return 2 * num_groups >= grid_blocks ? ChunkOrder::FromCounter : ChunkOrder::ByBlock;
+}
+
+// Launches a plan of make_plan on `stream`, as a cooperative launch: the driver starts the grid only
+// with every block resident, which the look-back needs (a block waits for chunks of other blocks). A
+// GPU that holds fewer blocks than the occupancy query said (a partition, or one shared with other
+// processes) refuses the grid; the launch then halves it until the GPU takes it.
 template <typename Params>
 void launch(const Plan& plan, const Params& params, cudaStream_t stream) {
   if (plan.workspace_bytes > 0 && params.workspace == nullptr)
     throw std::invalid_argument("linrec: the bulk kernels need the workspace that their plan asks for");
   with_kernel_types(params, plan.config == 1, [&]<typename T, typename C, BulkConfig Config>() {
-    const BulkMaps maps = tensor_maps<T, C>(params);
-    kernel_of<T, C, Config, Params>(plan.variant)<<<static_cast<unsigned>(plan.grid_blocks), kThreads,
-                                                    kDynamicSharedBytes<T, C, Params>, stream>>>(params, maps);
+    using Thread = BulkThread<T, C, Config, kBackward<Params>>;
+    BulkMaps maps = tensor_maps<T, C>(params);
+    cudaLaunchAttribute cooperative{};
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    cudaLaunchConfig_t config{};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kDynamicSharedBytes<T, C, Params>;
+    config.stream = stream;
+    config.attrs = &cooperative;
+    config.numAttrs = 1;
+    for (int64_t grid = plan.grid_blocks;; grid = (grid + 1) / 2) {
+      config.gridDim = dim3(static_cast<unsigned>(grid));
+      maps.order = chunk_order(Thread::chain_layout(params).num_groups, grid);
+      const cudaError_t status = cudaLaunchKernelEx(&config, kernel_of<T, C, Config, Params>(plan.variant), params, maps);
+      if (status != cudaErrorCooperativeLaunchTooLarge || grid == 1) {
+        LINREC_CUDA_CHECK(status);
+        break;
+      }
+      (void)cudaGetLastError();  // the refusal, cleared before the smaller grid's launch
+    }
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }

@@ -7,13 +7,13 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "linrec/cuda_launch.h"
+#include "linrec/device_shape.h"
 #include "linrec/dispatch.h"
 #include "linrec/pipe/agent.cuh"
 #include "linrec/plan.h"
@@ -29,19 +29,6 @@ bool rows_aligned(const SequenceLayout& layout, const Operand& operand) {
   for (int d = 0; d < layout.shape.num_dims; ++d)
     aligned = aligned && operand.strides[d] * static_cast<int64_t>(sizeof(T)) % 16 == 0;
   return aligned;
-}
-
-// The current device's count of SMs, queried once per device.
-inline int multiprocessor_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices] = {};
-  int device = 0, count = 0;
-  LINREC_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= 0 && device < kMaxDevices) count = known[device].load(std::memory_order_relaxed);
-  if (count > 0) return count;
-  LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < kMaxDevices) known[device].store(count, std::memory_order_relaxed);
-  return count;
 }
 
 inline bool contiguous_in_time(const Operand& operand) { return operand.time_stride == 1; }
@@ -197,7 +184,7 @@ Plan make_plan(const Params& params) {
   plan.family = Family::Pipe;
   plan.variant = variant_of(params);
   dispatch_dtypes<__half, __nv_bfloat16>(params.dtype, params.coeff_dtype, [&]<typename T, typename C>() {
-    const PipeConfig config = choose_config<T, C>(params, operands_of(params), plan.variant, multiprocessor_count());
+    const PipeConfig config = choose_config<T, C>(params, operands_of(params), plan.variant, device_shape().multiprocessors);
     plan.config = config_index(config);
     plan.schedule = config.schedule;
     if constexpr (sizeof(T) == 2 && std::is_same_v<T, C>) {
