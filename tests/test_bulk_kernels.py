@@ -32,8 +32,8 @@ BULK_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.complex64]
 
 
 def chunk_length(dtype):
-    """Steps of a chunk: 8 warps x 16 steps a thread, 8 for 8-byte states (complex64)."""
-    return 8 * (8 if dtype.is_complex else 16)
+    """Steps of a chunk: 4 warps x 32 steps a thread, 16 for 8-byte states (complex64)."""
+    return 4 * (16 if dtype.is_complex else 32)
 
 
 def kernels_launched(run):
@@ -87,12 +87,24 @@ def test_lengths_around_chunks_and_the_ring(seed, dtype, reverse):
 
 @pytest.mark.parametrize("dtype", BULK_DTYPES, ids=str)
 def test_many_chunks_per_block(seed, dtype):
-    """Thousands of chunks over the persistent grid: each block takes dozens, in chunk-major order,
-    and looks back onto chunks of blocks that are further along or behind."""
+    """Thousands of chunks over the persistent grid, few channel tiles (32): each block takes dozens,
+    by block index, and looks back onto chunks of blocks that are further along or behind."""
     chunk = chunk_length(dtype)
     inputs = random_values((1, 300 * chunk + 17, 1024), dtype, "cuda")
     coeffs = random_coeffs(inputs.shape, dtype, "cuda", min_magnitude=0.9)
     check_with_features(inputs, coeffs, 1, False)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_chunks_taken_from_a_counter(seed, dtype, reverse):
+    """As many channel tiles as a GPU holds blocks (16 x 1024 channels: 512 tiles): the blocks take
+    their chunks from a counter, several each, and look back onto chunks that other blocks took."""
+    chunk = chunk_length(dtype)
+    inputs = random_values((16, 6 * chunk + 3, 1024), dtype, "cuda")
+    coeffs = random_coeffs(inputs.shape, dtype, "cuda", min_magnitude=0.9)
+    assert families_of(inputs, coeffs, dim=1) == {"bulk"}
+    check_with_features(inputs, coeffs, 1, reverse)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
