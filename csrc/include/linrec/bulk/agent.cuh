@@ -139,7 +139,8 @@ struct BulkThread {
     const int channel = next.tile * kChannels;
     expect_bytes(landed, Stage::kCopiedBytes);
     load_box(first_slot(stage), maps.first, channel, next.begin, next.batch, landed);
-    load_box(coeff_slot(stage), maps.coeffs, channel, next.begin + (Backward ? coeff_box_shift() : 0), next.batch, landed);
+    const int coeff_begin = next.begin + (Backward ? coeff_box_shift() : 0);
+    load_box(coeff_slot(stage), maps.coeffs, channel, coeff_begin, next.batch, landed);
     if constexpr (Backward)
       load_box(output_slot(stage), maps.outputs, channel, next.begin + output_box_shift(), next.batch, landed);
   }
@@ -228,7 +229,9 @@ struct BulkThread {
   __host__ __device__ static int64_t workspace_bytes(const SequenceLayout& layout) {
     return kCountersBytes + chain_layout(layout).bytes();
   }
-  __device__ __forceinline__ static int* next_chunk(const SequenceLayout& layout) { return static_cast<int*>(layout.workspace); }
+  __device__ __forceinline__ static int* next_chunk(const SequenceLayout& layout) {
+    return static_cast<int*>(layout.workspace);
+  }
   __device__ __forceinline__ static int* blocks_done(const SequenceLayout& layout) { return next_chunk(layout) + 1; }
   __device__ __forceinline__ static int* any_flagged(const SequenceLayout& layout) { return next_chunk(layout) + 2; }
   __device__ __forceinline__ static void* chain_workspace(const SequenceLayout& layout) {

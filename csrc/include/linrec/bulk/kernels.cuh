@@ -75,21 +75,25 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, true>))
       prev_output[i] = conj(prev_output[i]);
     }
     const bool has_initial = params.initial.data != nullptr && active;
-    const auto offsets = params.shape.row_offsets(has_initial ? thread.row(chunk) : 0, params.initial, params.d_initial).at;
+    const auto offsets =
+        params.shape.row_offsets(has_initial ? thread.row(chunk) : 0, params.initial, params.d_initial).at;
     const C* const initial = has_initial ? params.initial.row<const C>(offsets[0]) : nullptr;
     C* const d_initial = has_initial ? params.d_initial.row<C>(offsets[1]) : nullptr;
     // d_coeffs is zeroed below at the starts of sequences without an initial state.
     const uint32_t chunk_starts =
-        restart_backward<kForwardReverse>(starts, begin, shifted_coeff, prev_output, initial, params.initial.segment_stride);
+        restart_backward<kForwardReverse>(starts, begin, shifted_coeff, prev_output, initial,
+                                          params.initial.segment_stride);
     if (params.log_coeffs) {  // d/d(log c) = c * d/dc
       #pragma unroll
       for (int i = 0; i < kItems; ++i)
-        prev_output[i] = prev_output[i] * coefficient(thread.item(coeff_slot, thread.rank * kItems + i + kCoeffShift), true);
+        prev_output[i] =
+            prev_output[i] * coefficient(thread.item(coeff_slot, thread.rank * kItems + i + kCoeffShift), true);
     }
     auto prefix = thread.prefix(params, chunk);
     Thread::Scan::scan(value, shifted_coeff, storage.scan, prefix);
     #pragma unroll
-    for (int i = 0; i < kItems; ++i) prev_output[i] = chunk_starts >> i & 1u && d_initial == nullptr ? Acc(0) : value[i] * prev_output[i];
+    for (int i = 0; i < kItems; ++i)
+      prev_output[i] = chunk_starts >> i & 1u && d_initial == nullptr ? Acc(0) : value[i] * prev_output[i];
     // d_initial = conj(coeffs[start]) * d_inputs[start], the coefficient read from the box before any
     // thread writes d_coeffs over it.
     if (chunk_starts != 0 && d_initial != nullptr) {
@@ -97,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, true>))
         #pragma unroll
         for (int i = 0; i < kItems; ++i)
           if (begin + i == position) {
-            const Acc start_coeff = coefficient(thread.item(coeff_slot, thread.rank * kItems + i + kCoeffShift), params.log_coeffs);
+            const Acc start_coeff =
+                coefficient(thread.item(coeff_slot, thread.rank * kItems + i + kCoeffShift), params.log_coeffs);
             d_initial[segment * params.d_initial.segment_stride] = static_cast<C>(conj(start_coeff) * value[i]);
           }
       });

@@ -190,7 +190,8 @@ void launch(const Plan& plan, const Params& params, cudaStream_t stream) {
     for (int64_t grid = plan.grid_blocks;; grid = (grid + 1) / 2) {
       config.gridDim = dim3(static_cast<unsigned>(grid));
       maps.order = chunk_order(Thread::chain_layout(params).num_groups, grid);
-      const cudaError_t status = cudaLaunchKernelEx(&config, kernel_of<T, C, Config, Params>(plan.variant), params, maps);
+      const auto kernel = kernel_of<T, C, Config, Params>(plan.variant);
+      const cudaError_t status = cudaLaunchKernelEx(&config, kernel, params, maps);
       if (status != cudaErrorCooperativeLaunchTooLarge || grid == 1) {
         LINREC_CUDA_CHECK(status);
         break;

@@ -20,7 +20,9 @@ struct BulkConfig {
   constexpr bool operator==(const BulkConfig&) const = default;
 };
 
-inline std::string describe(const BulkConfig& config) { return "{bulk, reverse=" + std::to_string(config.reverse) + "}"; }
+inline std::string describe(const BulkConfig& config) {
+  return "{bulk, reverse=" + std::to_string(config.reverse) + "}";
+}
 
 // BulkConfig as a type, for the kernels' template lists (nvcc's host stubs reject class-type
 // template arguments on __global__ functions).
