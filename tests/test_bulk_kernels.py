@@ -208,3 +208,35 @@ def test_exact_zeros_ones_and_overflow_follow_the_loop(seed, reverse):
     assert torch.isnan(outputs[torch.isnan(expected)]).all()
     infinite = torch.isinf(expected)
     assert torch.equal(outputs[infinite], expected[infinite])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_captured_in_a_cuda_graph(seed, dtype):
+    """The cooperative launch captured in a CUDA graph (as torch.compile's reduce-overhead mode
+    captures it): replays over new values in the same tensors give the bits of direct calls, with chunks
+    taken by block (2 x 8 channel tiles) and, in bfloat16, from the counter (16 x 32; float32 with that
+    many tiles takes the pipe family)."""
+    for shape in ((2, 999, 256), (16, 777, 1024)):
+        inputs, coeffs = random_operands(shape, dtype, "cuda")
+        d_outputs = random_values(shape, dtype, "cuda")
+        if dtype == torch.bfloat16 or shape[2] == 256:
+            assert families_of(inputs, coeffs, dim=1) == {"bulk"}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the first call's one-time setup, outside the capture
+            torch.ops.linrec.backward(d_outputs, coeffs, torch.ops.linrec.forward(inputs, coeffs, dim=1), dim=1)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = torch.ops.linrec.forward(inputs, coeffs, dim=1)
+            grads = torch.ops.linrec.backward(d_outputs, coeffs, outputs, dim=1)
+        for _ in range(2):
+            new_inputs, new_coeffs = random_operands(shape, dtype, "cuda")
+            inputs.copy_(new_inputs)
+            coeffs.copy_(new_coeffs)
+            graph.replay()
+            expected = torch.ops.linrec.forward(new_inputs, new_coeffs, dim=1)
+            expected_grads = torch.ops.linrec.backward(d_outputs, new_coeffs, expected, dim=1)
+            assert torch.equal(outputs, expected)
+            for grad, want in zip(grads, expected_grads):
+                assert (grad is None and want is None) or torch.equal(grad, want)
