@@ -73,6 +73,50 @@ __device__ __forceinline__ void load_box(void* destination, const CUtensorMap& m
 #endif
 }
 
+// Makes this thread's writes to shared memory visible to the copy unit: each thread that wrote a box
+// calls it before the barrier after which one thread stores the box.
+__device__ __forceinline__ void fence_writes_for_copies() {
+#ifdef LINREC_BULK_COPY_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// Copies the box at `source` (128-byte aligned) to (channel, step, batch) of the tensor `map`
+// describes; the parts of the box outside the tensor are not written. The stores a thread issues
+// form a group once it commits them (commit_stores).
+__device__ __forceinline__ void store_box(const CUtensorMap& map, const void* source, int channel, int step,
+                                          int batch) {
+#ifdef LINREC_BULK_COPY_DEVICE
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(&map)),
+               "r"(shared_address(source)), "r"(channel), "r"(step), "r"(batch)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void commit_stores() {
+#ifdef LINREC_BULK_COPY_DEVICE
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until the groups of stores this thread committed have read their boxes (whose shared memory
+// may then be written again).
+__device__ __forceinline__ void wait_stores_read() {
+#ifdef LINREC_BULK_COPY_DEVICE
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
+}
+
+// Waits until the groups of stores this thread committed are written, and orders them before this
+// thread's later accesses to global memory (a fence and an atomic then publish them to other blocks).
+__device__ __forceinline__ void wait_stores_written() {
+#ifdef LINREC_BULK_COPY_DEVICE
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+#endif
+}
+
 #endif  // __CUDACC__
 
 // A tensor of `element_bytes`-byte elements as the copy unit reads it: `channels` contiguous

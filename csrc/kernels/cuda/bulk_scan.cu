@@ -2,7 +2,7 @@
 // Persistent blocks take chunks of 32 channels x a run of steps; the copy unit brings each chunk's
 // boxes into a ring in shared memory, several chunks ahead; each chunk is scanned with lanes on
 // channels and warps along time, its carry looked back at across the chunks of its channels
-// (lookback.h), and its results leave through shared memory in 16-byte stores along channels.
+// (lookback.h), and its results leave through its stage of the ring, a box stored by the copy unit.
 #include "linrec/bulk/plan.cuh"
 #include "linrec/cuda_launch.h"
 

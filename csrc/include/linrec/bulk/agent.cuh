@@ -24,11 +24,12 @@ namespace linrec::cuda::bulk {
 // held by blocks that the cooperative launch keeps resident.
 enum class ChunkOrder : int { ByBlock, FromCounter };
 
-// What a launch passes beside the params: the tensor maps of the boxes a kernel copies (the forward's
-// inputs and coefficients; the backward's upstream gradient, coefficients and outputs), and the order
-// of chunks.
+// What a launch passes beside the params: the tensor maps of the boxes a kernel loads (the forward's
+// inputs and coefficients; the backward's upstream gradient, coefficients and outputs) and stores (the
+// forward's outputs; the backward's d_inputs and d_coeffs), and the order of chunks.
 struct BulkMaps {
   CUtensorMap first, coeffs, outputs;
+  CUtensorMap results[2];
   ChunkOrder order;
 };
 
@@ -155,21 +156,25 @@ struct BulkThread {
     __syncthreads();
   }
 
-  // Runs body(chunk, stage) on every chunk the block takes, once its boxes have landed in `stage`;
+  // A kernel's body: declares the block's shared memory (the ring, dynamic, and the Storage), and runs
+  // body(thread, chunk, stage) on every chunk the block takes, once its boxes have landed in `stage`;
   // body returns whether this thread's results hold a non-finite value. Then the rescan of rows with
   // one (rescan_nonfinite).
   template <typename Params, typename Body>
-  __device__ __forceinline__ void run(const Params& params, const BulkMaps& maps, Body&& body) {
-    start(params, maps);
+  __device__ __forceinline__ static void run(const Params& params, const BulkMaps& maps, Body&& body) {
+    extern __shared__ __align__(128) unsigned char dynamic_ring[];
+    __shared__ Storage block_storage;
+    BulkThread thread(block_storage, dynamic_ring, params);
+    thread.start(params, maps);
     for (int64_t k = 0;; ++k) {
       const int stage = static_cast<int>(k % kStages);
-      wait_barrier(&storage.landed[stage], static_cast<uint32_t>(k / kStages % 2));
-      const Chunk taken = chunk(storage.number[stage]);
+      wait_barrier(&block_storage.landed[stage], static_cast<uint32_t>(k / kStages % 2));
+      const Chunk taken = thread.chunk(block_storage.number[stage]);
       if (!taken.exists) break;
-      const bool nonfinite = body(taken, stage);
-      finish(params, maps, taken, k, nonfinite);
+      const bool nonfinite = body(thread, taken, stage);
+      thread.finish(params, maps, taken, k, nonfinite);
     }
-    rescan_nonfinite(params);
+    thread.rescan_nonfinite(params);
   }
 
   // Element `row` (of the box, from its first step) of this thread's channel in a slot.
@@ -183,36 +188,20 @@ struct BulkThread {
     #pragma unroll
     for (int i = 0; i < kItems; ++i) items[i] = item(slot, rank * kItems + i + shift);
   }
-  // Writes this thread's results into a slot, in place of what it read there.
+  // Writes this thread's results into a slot, in place of what it read there, and makes them visible
+  // to the copy unit, which copies them out (store_results) after a barrier.
   template <typename Element>
-  __device__ __forceinline__ void write(Element* slot, const Acc (&items)[kItems]) const {
+  __device__ __forceinline__ void write_results(Element* slot, const Acc (&items)[kItems]) const {
     #pragma unroll
     for (int i = 0; i < kItems; ++i) slot[(rank * kItems + i) * kChannels + lane] = static_cast<Element>(items[i]);
+    fence_writes_for_copies();
   }
 
-  // Stores a slot's box of results (written there by every thread: call after a barrier) to
-  // `operand`, 16 bytes a thread along channels: a thread keeps one column of pieces and steps down
-  // the rows, its address advanced by a stride. The steps past the row's end and the pieces past the
-  // last channel are not stored (channels come in whole 16-byte pieces: plan.cuh, fits).
-  template <typename Element>
-  __device__ __forceinline__ void store(const Operand& operand, const Chunk& chunk, const Element* slot,
-                                        const SequenceLayout& layout) const {
-    constexpr int kPerPiece = 16 / sizeof(Element);
-    constexpr int kPiecesPerRow = kChannels / kPerPiece;
-    constexpr int kRowsPerPass = kThreads / kPiecesPerRow;
-    static_assert(kChunk % kRowsPerPass == 0, "every thread stores the same number of rows");
-    const int column = threadIdx.x % kPiecesPerRow * kPerPiece;
-    const int first_row = threadIdx.x / kPiecesPerRow;
-    if (chunk.tile * kChannels + column >= channels) return;
-    const int steps = static_cast<int>(layout.seq_len) - chunk.begin;
-    const int64_t pass_stride = kRowsPerPass * operand.time_stride;
-    Element* target = operand.row<Element>(layout.shape.row_offsets(row(chunk) - lane, operand).at[0]) +
-                      (chunk.begin + first_row) * operand.time_stride + column;
-    #pragma unroll
-    for (int row = first_row; row < kChunk; row += kRowsPerPass, target += pass_stride) {
-      if (row >= steps) break;
-      __stwb(reinterpret_cast<uint4*>(target), *reinterpret_cast<const uint4*>(slot + row * kChannels + column));
-    }
+  // Stores a slot's box of results (written there by every thread with write_results: call after a
+  // barrier) to the tensor of `map`, at the chunk's place: the first thread issues the copy unit's
+  // store, which leaves out the steps past the row's end and the channels past the last.
+  __device__ __forceinline__ void store_results(const CUtensorMap& map, const Chunk& chunk, const void* slot) const {
+    if (threadIdx.x == 0) store_box(map, slot, chunk.tile * kChannels, chunk.begin, chunk.batch);
   }
 
   // The prefix hook of a chunk: the look-back across the chunks of its group.
@@ -241,16 +230,20 @@ struct BulkThread {
     return chain_layout(layout).rescan_counters(chain_workspace(layout), group) + 1;
   }
 
-  // After a chunk's results are stored: flags the rows where this thread wrote a non-finite result,
-  // and issues the copies of the chunk kStages on into the stage the barrier frees.
+  // After a chunk's stores are issued (every thread is done with its stage, by the barrier before
+  // them): flags the rows where this thread wrote a non-finite result; the first thread commits the
+  // stores and, once they have read the stage, issues the copies of the chunk kStages on into it.
   __device__ __forceinline__ void finish(const SequenceLayout& layout, const BulkMaps& maps, const Chunk& done,
                                          int64_t k, bool nonfinite) {
     if (nonfinite) {
       atomicOr(row_flags(layout, done.group), 1 << lane);
       atomicOr(any_flagged(layout), 1);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) load(layout, maps, k + kStages);
+    if (threadIdx.x == 0) {
+      commit_stores();
+      wait_stores_read();
+      load(layout, maps, k + kStages);
+    }
   }
 
   // The rescan of non-finite results (nonfinite_rescan.h): once every chunk is stored, the rows that
@@ -260,8 +253,9 @@ struct BulkThread {
   // fence (a count per chunk, as the chained pipes keep, waits for the chunk's stores).
   template <typename Params>
   __device__ __forceinline__ void rescan_nonfinite(const Params& params) {
-    __syncthreads();  // every thread's stores, before the first thread's fence and count
+    __syncthreads();  // every thread's flags, before the first thread's fence and count
     if (threadIdx.x == 0) {
+      wait_stores_written();
       __threadfence();
       storage.last = atomicAdd(blocks_done(params), 1) == static_cast<int>(gridDim.x) - 1;
       __threadfence();  // every block's results, read after its count

@@ -16,11 +16,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, false>))
   using Thread = BulkThread<T, C, PolicyT::config, false>;
   using Acc = typename Thread::Acc;
   constexpr int kItems = Thread::kItems;
-  extern __shared__ __align__(128) unsigned char ring[];
-  __shared__ typename Thread::Storage storage;
-  Thread thread(storage, ring, params);
   const SequenceStarts<true> starts{params};
-  thread.run(params, maps, [&](const Chunk& chunk, int stage) {
+  Thread::run(params, maps, [&](Thread& thread, const Chunk& chunk, int stage) {
     const bool active = thread.active(chunk);
     const int64_t begin = chunk.begin + thread.rank * kItems;
     Acc value[kItems], coeff[kItems];
@@ -32,10 +29,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, false>))
       initial = params.initial.row<const C>(params.shape.row_offsets(thread.row(chunk), params.initial).at[0]);
     restart_forward(starts, begin, value, coeff, initial, params.initial.segment_stride);
     auto prefix = thread.prefix(params, chunk);
-    Thread::Scan::scan(value, coeff, storage.scan, prefix);
-    thread.write(thread.first_slot(stage), value);
+    Thread::Scan::scan(value, coeff, thread.storage.scan, prefix);
+    thread.write_results(thread.first_slot(stage), value);
     __syncthreads();
-    thread.store(params.outputs, chunk, thread.first_slot(stage), params);
+    thread.store_results(maps.results[0], chunk, thread.first_slot(stage));
     return !all_finite(value);
   });
 #endif
@@ -52,16 +49,13 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, true>))
   using Thread = BulkThread<T, C, PolicyT::config, true>;
   using Acc = typename Thread::Acc;
   constexpr int kItems = Thread::kItems;
-  extern __shared__ __align__(128) unsigned char ring[];
-  __shared__ typename Thread::Storage storage;
-  Thread thread(storage, ring, params);
   const SequenceStarts<Kind == Variant::Packed> starts{params};
   // Rows of the extra-row boxes: coeffs[l] and outputs[prev] of this thread's item i are at
   // rank * kItems + i + these shifts; coeffs[next] at the other side of coeffs[l].
   constexpr int kCoeffShift = kForwardReverse ? 1 : 0;
   constexpr int kNextCoeffShift = kForwardReverse ? 0 : 1;
   constexpr int kPrevOutputShift = kForwardReverse ? 1 : 0;
-  thread.run(params, maps, [&](const Chunk& chunk, int stage) {
+  Thread::run(params, maps, [&](Thread& thread, const Chunk& chunk, int stage) {
     const bool active = thread.active(chunk);
     const int64_t begin = chunk.begin + thread.rank * kItems;
     const C* const coeff_slot = thread.coeff_slot(stage);
@@ -90,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, true>))
             prev_output[i] * coefficient(thread.item(coeff_slot, thread.rank * kItems + i + kCoeffShift), true);
     }
     auto prefix = thread.prefix(params, chunk);
-    Thread::Scan::scan(value, shifted_coeff, storage.scan, prefix);
+    Thread::Scan::scan(value, shifted_coeff, thread.storage.scan, prefix);
     #pragma unroll
     for (int i = 0; i < kItems; ++i)
       prev_output[i] = chunk_starts >> i & 1u && d_initial == nullptr ? Acc(0) : value[i] * prev_output[i];
@@ -108,11 +102,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<T, true>))
       });
     }
     if (params.initial.data != nullptr) __syncthreads();
-    thread.write(thread.first_slot(stage), value);
-    thread.write(thread.coeff_slot(stage), prev_output);
+    thread.write_results(thread.first_slot(stage), value);
+    thread.write_results(thread.coeff_slot(stage), prev_output);
     __syncthreads();
-    thread.store(params.d_inputs, chunk, thread.first_slot(stage), params);
-    thread.store(params.d_coeffs, chunk, thread.coeff_slot(stage), params);
+    thread.store_results(maps.results[0], chunk, thread.first_slot(stage));
+    thread.store_results(maps.results[1], chunk, thread.coeff_slot(stage));
     return !all_finite(value);
   });
 #endif

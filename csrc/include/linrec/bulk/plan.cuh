@@ -19,7 +19,7 @@
 
 namespace linrec::cuda::bulk {
 
-// An operand as the copy unit or the 16-byte stores address it, in boxes of `box_steps` steps.
+// An operand as the copy unit addresses it, in boxes of `box_steps` steps.
 inline BoxedTensor boxed(const SequenceLayout& layout, const Operand& operand, int element_bytes, int box_steps) {
   const int inner = layout.shape.num_dims - 1;
   const int64_t channels = layout.shape.sizes[inner];
@@ -39,7 +39,7 @@ inline bool fits(const SequenceLayout& layout, const Operand& operand, int eleme
   return addressable(boxed(layout, operand, element_bytes, 1));
 }
 
-// The operands a call copies in boxes or stores in 16-byte pieces, with their element sizes.
+// The operands a call loads and stores in boxes, with their element sizes.
 template <typename T, typename C>
 bool operands_fit(const ForwardParams& params) {
   return fits(params, params.inputs, sizeof(T)) && fits(params, params.coeffs, sizeof(C)) &&
@@ -146,19 +146,25 @@ std::optional<Plan> make_plan(const Params& params) {
   return plan;
 }
 
-// The tensor maps of a launch: the boxes of the operands the kernel copies.
+// The tensor maps of a launch: the boxes of the operands the kernel loads and stores.
 template <typename T, typename C>
 BulkMaps tensor_maps(const ForwardParams& params) {
   constexpr int kSteps = kChunk<T>;
   return {encode_tensor_map(boxed(params, params.inputs, sizeof(T), kSteps)),
-          encode_tensor_map(boxed(params, params.coeffs, sizeof(C), kSteps)), CUtensorMap{}, ChunkOrder::ByBlock};
+          encode_tensor_map(boxed(params, params.coeffs, sizeof(C), kSteps)),
+          CUtensorMap{},
+          {encode_tensor_map(boxed(params, params.outputs, sizeof(T), kSteps)), CUtensorMap{}},
+          ChunkOrder::ByBlock};
 }
 template <typename T, typename C>
 BulkMaps tensor_maps(const BackwardParams& params) {
   constexpr int kSteps = kChunk<T>;
   return {encode_tensor_map(boxed(params, params.d_outputs, sizeof(T), kSteps)),
           encode_tensor_map(boxed(params, params.coeffs, sizeof(C), kSteps + 1)),
-          encode_tensor_map(boxed(params, params.outputs, sizeof(T), kSteps + 1)), ChunkOrder::ByBlock};
+          encode_tensor_map(boxed(params, params.outputs, sizeof(T), kSteps + 1)),
+          {encode_tensor_map(boxed(params, params.d_inputs, sizeof(T), kSteps)),
+           encode_tensor_map(boxed(params, params.d_coeffs, sizeof(C), kSteps))},
+          ChunkOrder::ByBlock};
 }
 
 // The order in which a grid takes the chunks of `num_groups` groups (agent.cuh: ChunkOrder): from the
