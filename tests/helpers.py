@@ -142,6 +142,11 @@ TRITON_DEVICES = [
 ]
 
 
+def triton_runs_on(device: str) -> bool:
+    """Whether the Triton kernels run on `device` here: compiled on the GPU, or through the interpreter on the CPU."""
+    return TRITON_ON_GPU if device == "cuda" else _INTERPRETED
+
+
 # The CUDA kernel checks shared by the test files of each kernel family.
 
 

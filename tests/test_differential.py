@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import linrec
+from helpers import triton_runs_on
 from test_semantics import check
 
 _HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -121,15 +122,11 @@ def test_kernels_against_the_loop(device, problem):
     check(inputs, coeffs, device, **kwargs)
 
 
-def _triton_runs(device: str) -> bool:
-    return linrec._core.triton.missing() is None and (device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1")
-
-
 @given(problem=problems(complex_ok=False))
 def test_triton_against_the_loop(device, problem):
     """The Triton kernels (on the GPU, or through Triton's interpreter on the CPU) against the loop, and
     against the compiled kernels: the same non-finite results, finite ones within rounding."""
-    if not _triton_runs(device):
+    if not triton_runs_on(device):
         pytest.skip("needs triton: on a GPU, or on its interpreter (TRITON_INTERPRET=1)")
     inputs, coeffs, kwargs = materialize(problem)
     outputs = check(inputs, coeffs, device, backend="triton", **kwargs).detach().cpu().double()

@@ -10,7 +10,7 @@ import torch
 
 import linrec
 from linrec.reference import compute_dtype
-from helpers import TOLERANCE, TRITON_DEVICES, TRITON_ON_GPU, random_values, wide
+from helpers import TOLERANCE, TRITON_DEVICES, TRITON_ON_GPU, random_values, triton_runs_on, wide
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -223,6 +223,24 @@ def test_triton_follows_the_loop(triton_device, seed, reverse):
     outputs = check(packed_inputs, packed_coeffs, triton_device, backend="triton", dim=1, reverse=reverse,
                     initial=torch.randn(5, 4), cu_seqlens=cu_seqlens)
     assert torch.isfinite(outputs[:, 120:]).all() and torch.isfinite(outputs[:, :10]).all()
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_first_coefficient_gradient_with_an_infinite_log_coefficient(device, seed, backend, reverse):
+    """A sequence's first coefficient multiplies the zero state (no initial): its gradient is 0, also where
+    the coefficient is infinite (a log coefficient of +Inf, where c * d log c would be 0 * Inf), in rows
+    and in packed sequences."""
+    if backend == "triton" and not triton_runs_on(device):
+        pytest.skip("needs triton: on a GPU, or on its interpreter (TRITON_INTERPRET=1)")
+    inputs, coeffs = torch.randn(2, 3, 9), uniform((2, 3, 9), -2.0, 0.0)
+    coeffs[..., -1 if reverse else 0] = float("inf")
+    check(inputs, coeffs, device, backend=backend, reverse=reverse, log_coeffs=True)
+    cu_seqlens = torch.tensor([0, 7, 7, 25, 40])
+    packed_inputs, packed_coeffs = torch.randn(1, 40, 3), uniform((1, 40, 3), -2.0, 0.0)
+    packed_coeffs[:, [6, 24, 39] if reverse else [0, 7, 25]] = float("inf")
+    check(packed_inputs, packed_coeffs, device, backend=backend, dim=1, reverse=reverse, log_coeffs=True,
+          cu_seqlens=cu_seqlens)
 
 
 @pytest.mark.parametrize("shape,dim,chained", [((2, 1 << 20), -1, True), ((1, 1 << 17, 64), 1, True),

@@ -333,6 +333,10 @@ def _coefficient_gradients(d_inputs, first, sequence, positions, mask, step_alon
             d_initial = coeffs * d_inputs
             tl.store(d_initial_ptr + sequence[:, None] * initial_sequence,
                      d_initial.to(d_initial_ptr.dtype.element_ty), mask=mask & first)
+    if not HAS_INITIAL:
+        # A first step's coefficient multiplies the zero state: its gradient is 0 whatever d_inputs and the
+        # coefficient hold (0 * Inf, from an infinite log coefficient or d_inputs, is not the loop's answer).
+        mask = mask & ~first
     return tl.where(mask, d_coeffs, tl.zeros_like(d_coeffs))
 
 
