@@ -1,8 +1,9 @@
-// Asynchronous bulk copies of tensor boxes from global to shared memory (the Tensor Memory
-// Accelerator of sm_90 and newer), the shared-memory barriers that tell a block when a copy has
-// landed, and the host side that describes a tensor to the copy unit. A box is up to three dims of a
-// tensor (channels, time, batch), innermost first; coordinates outside the tensor, negative ones
-// included, read as zeros, so tiles at the tensor's edges need no bounds checks.
+// Asynchronous bulk copies of tensor boxes between global and shared memory (the Tensor Memory
+// Accelerator of sm_90 and newer): loads, with the shared-memory barriers that tell a block when a
+// load has landed, and stores, waited for by the thread that issues them; and the host side that
+// describes a tensor to the copy unit. A box is up to three dims of a tensor (channels, time, batch),
+// innermost first; coordinates outside the tensor, negative ones included, load as zeros and are not
+// stored, so tiles at the tensor's edges need no bounds checks.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap: a type only; the encoder is fetched from the driver at run time
