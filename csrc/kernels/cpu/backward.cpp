@@ -24,7 +24,7 @@ struct BackwardRowJob : cpu::BlockedSpan {
     const auto map = cpu::RowScan<T, C, Bytes, O, LogCoeffs>::template backward<P>(
         {d_outputs, d_outputs_unit}, {coeffs, coeffs_unit}, {outputs, true}, d_inputs, d_coeffs, lo, hi, span_lo, span_hi,
         initial, state, fresh);
-    if constexpr ((P & cpu::kScan) != 0) nonfinite->check(holds_nonfinite(d_inputs, span_lo, span_hi));
+    if constexpr ((P & cpu::kScan) != 0) nonfinite->check(map.nonfinite);
     return map;
   }
   // d_initial = coeff at the forward's first step times the gradient there.

@@ -23,7 +23,7 @@ struct ForwardRowJob : cpu::BlockedSpan {
   cpu::SpanMap<cpu::Acc<T>> span(int64_t lo, int64_t hi, cpu::Acc<T> state, bool fresh) const {
     const auto map = cpu::RowScan<T, C, Bytes, O, LogCoeffs>::template forward<P>(
         {inputs, inputs_unit}, {coeffs, coeffs_unit}, outputs, lo, hi, state, fresh);
-    if constexpr ((P & cpu::kScan) != 0) nonfinite->check(holds_nonfinite(outputs, lo, hi));
+    if constexpr ((P & cpu::kScan) != 0) nonfinite->check(map.nonfinite);
     return map;
   }
   template <int Bytes>

@@ -196,19 +196,11 @@ int64_t vector_lanes(Isa isa) {
   return bytes / static_cast<int64_t>(sizeof(A));
 }
 
-// Whether values[lo, hi) hold a non-finite value. The row kernels compose coefficients into products
-// across a vector's lanes, which underflow or overflow where the loop never forms them (an Inf state
-// times an underflowed product is NaN where the loop keeps +-Inf): a sequence whose results hold a
-// non-finite value is scanned again by the plain recurrence from its first one (nonfinite_rescan.h).
-// Read right after a span is written, while it is in cache. The channels and sequential families run
-// the plain recurrence already.
-template <typename T>
-bool holds_nonfinite(const T* values, int64_t lo, int64_t hi) {
-  bool found = false;
-  for (int64_t t = lo; t < hi; ++t) found |= !is_finite(static_cast<cpu::Acc<T>>(values[t]));
-  return found;
-}
-
+// The row kernels compose coefficients into products across a vector's lanes, which underflow or
+// overflow where the loop never forms them (an Inf state times an underflowed product is NaN where
+// the loop keeps +-Inf): a sequence whose results hold a non-finite value (row_scan.h's
+// NonfiniteWitness) is scanned again by the plain recurrence from its first one (nonfinite_rescan.h).
+// The channels and sequential families run the plain recurrence already.
 // Set by the spans of a sequence (several threads where it is split) that write a non-finite result.
 struct NonfiniteFlag {
   mutable std::atomic<bool> found{false};

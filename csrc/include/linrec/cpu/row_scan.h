@@ -19,9 +19,19 @@
 // the carry from vector to vector compounds that one rounding as if the decay were off by it: over the
 // 1 / (1 - c) steps an output remembers, its error would grow with their number, where the loop's
 // grows with its square root (20x the loop's error on rows of 2^16 steps with c in [0.999, 1]).
+// Compensation doubles the work of the lane scan, and it only matters where the carried products
+// are large: a carry by window products of magnitude at most kCarryBound shrinks what it carries
+// at least fourfold each vector, so that a rounding carried along adds up to a third of one vector's
+// own. A span is therefore scanned without compensation first, watching the window products its
+// inner vectors carry by; where one exceeds kCarryBound, the span is scanned again, compensated. The
+// choice depends on the span's values alone, so results stay the same bits whatever the threads.
 #pragma once
 
+#include <bit>
 #include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "linrec/cpu/vector.h"
@@ -31,6 +41,12 @@ namespace linrec::cpu {
 
 // Steps of a sequence per block; a multiple of every vector's lane count.
 constexpr int64_t kBlockLength = 1 << 12;
+
+// The largest magnitude of a window product (W coefficients) that an uncompensated span carries by.
+constexpr float kCarryBound = 0.25f;
+// Inner vectors between two looks at the carried products: an uncompensated pass of a span whose
+// products are large stops within this many vectors.
+constexpr int64_t kCarryWatchPeriod = 8;
 
 // The order a scan visits memory in: ascending (lane 0 first) or descending (the last lane first).
 enum class Order { Ascending, Descending };
@@ -63,6 +79,12 @@ struct Product {
     const V rounding = multiply_add(value, earlier.value, -product);
     return {product, multiply_add(value, earlier.error, multiply_add(error, earlier.value, rounding))};
   }
+  // The product of two exact factors, this one (later) and `earlier`: the error is the rounding alone.
+  static Product of_exact(V later, V earlier) {
+    const V product = later * earlier;
+    if constexpr (!Compensated) return {product, V{}};
+    return {product, multiply_add(later, earlier, -product)};
+  }
   // product * state + offset.
   V apply(V state, V offset) const {
     if constexpr (!Compensated) return multiply_add(value, state, offset);
@@ -73,36 +95,98 @@ struct Product {
 // The map s -> (coeff + coeff_error) * s + state of a span, composed vector by vector in scan order;
 // `last` is the output at the span's last element in scan order (the backward's gradient at a
 // sequence's start).
+// `nonfinite`: the pass wrote a result that is not finite (NonfiniteWitness).
 template <typename A>
 struct SpanMap {
   A coeff, coeff_error, state, last;
+  bool nonfinite = false;
+};
+
+// Whether a kernel stored a result that is not finite in T: NaN, +-Inf, or for a 16-bit T a float
+// beyond its range, which rounds to +-Inf. Noted in registers, vector by vector as the results are
+// stored (launch.h: such a sequence is rescanned); a separate pass over the stored results cost
+// more than the scan itself.
+template <typename T, typename V>
+class NonfiniteWitness {
+  using A = std::remove_cvref_t<decltype(V{}[0])>;
+  static constexpr int W = sizeof(V) / sizeof(A);
+  using Bits = typename LanesOf<LaneBits<A>, W>::type;
+  static constexpr bool kNarrow = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+  // 16-bit T: the bits of the smallest float magnitude T rounds to Inf (round to nearest even: half
+  // way past its largest finite value, whose last significand bit is odd). NaN and Inf lie above it.
+  static constexpr LaneBits<A> kOverflowBits = std::is_same_v<T, c10::Half> ? 0x477FF000 : 0x7F7F8000;
+  V product_with_zero{};  // NaN in a lane once Inf or NaN was noted there (Inf * 0, NaN * 0)
+  Bits largest{};         // 16-bit T: the largest magnitude's bits noted in each lane
+
+ public:
+  // Notes the lanes of `v` that lanes [first, first + count) of a vector store (all of a Full one).
+  template <bool Full>
+  void note(V v, int first, int count) {
+    if constexpr (!Full) v = lane_range<A, W>(first, count) ? v : V{};
+    // Integer compares: GCC lowers float compares of vector extensions lane by lane.
+    if constexpr (kNarrow) {
+      const Bits magnitude = (Bits)v & std::numeric_limits<LaneBits<A>>::max();
+      largest = magnitude > largest ? magnitude : largest;
+    }
+    else product_with_zero = multiply_add(v, V{}, product_with_zero);
+  }
+  bool found() const {
+    if constexpr (kNarrow) return any(largest >= kOverflowBits);
+    else return any(product_with_zero != product_with_zero);
+  }
 };
 
 // What a pass over a span does: write outputs, compose the span's map, or both.
 enum Pass { kScan = 1, kMap = 2, kScanAndMap = 3 };
 
-// The kernels of one element type T of inputs and outputs (and their gradients), element type C of
-// coeffs and initial (and theirs: T, or float for 16-bit T, which shares T's accumulator), vector
-// width, scan order and coefficient encoding.
-template <typename T, typename C, int Bytes, Order O, bool LogCoeffs>
-struct RowScan {
+// One operand's row: element t at data[t], or data[0] for every t (broadcast along time).
+template <typename Pointer>
+struct RowOperand {
+  Pointer data;
+  bool unit;
+};
+
+// The largest magnitude among the window products an uncompensated pass carries by (Watched).
+template <typename V>
+class CarryWatch {
+  using A = std::remove_cvref_t<decltype(V{}[0])>;
+  using Bits = typename LanesOf<LaneBits<A>, sizeof(V) / sizeof(A)>::type;
+  // Magnitudes compared as the integers of their bits, which order them (NaN above Inf); GCC lowers
+  // float compares of vector extensions lane by lane.
+  static constexpr LaneBits<A> kBoundBits = std::bit_cast<LaneBits<A>>(static_cast<A>(kCarryBound));
+  static constexpr LaneBits<A> kInfinityBits = std::bit_cast<LaneBits<A>>(std::numeric_limits<A>::infinity());
+  Bits largest{};
+
+ public:
+  // Non-finite products are left out: the results they reach are rescanned (launch.h), and a NaN or
+  // Inf at one step must not change how the steps before it are scanned (not a bit of their results).
+  void note(V products) {
+    const Bits magnitude = (Bits)products & std::numeric_limits<LaneBits<A>>::max();
+    const Bits finite = magnitude < kInfinityBits ? magnitude : Bits{};
+    largest = finite > largest ? finite : largest;
+  }
+  bool exceeded() const { return any(largest > kBoundBits); }
+};
+
+// One pass of the kernels of one element type T of inputs and outputs (and their gradients), element
+// type C of coeffs and initial (and theirs: T, or float for 16-bit T, which shares T's accumulator),
+// vector width, scan order and coefficient encoding, with products of coefficients Compensated or
+// not. RowScan below chooses between the two.
+template <typename T, typename C, int Bytes, Order O, bool LogCoeffs, bool Compensated>
+struct RowScanPass {
   using A = Acc<T>;
   using V = typename Vector<A, Bytes>::Values;
-  // Compensated by the coefficients' type: float32 decays beside 16-bit inputs are there for decays
-  // near 1, whose products' rounding compounds as in float32. The forward then gives float32's outputs
-  // rounded to T, bit for bit where none overflows T.
-  using Coeffs = Product<V, kCompensated<C>>;
+  using Coeffs = Product<V, Compensated>;
+  // An uncompensated pass of coefficients that need compensation where their carried products are
+  // large: it watches them and gives up (returns no map) where they are.
+  static constexpr bool kWatched = kCompensated<C> && !Compensated;
   static constexpr int W = Vector<A, Bytes>::kLanes;
   static constexpr int kLast = O == Order::Ascending ? W - 1 : 0;  // the lane scanned last
   // A stored coefficient that is the identity map's (1): pads lanes past a sequence's end.
   static constexpr A kIdentityCoeff = LogCoeffs ? A(0) : A(1);
 
-  // One operand's row: element t at data[t], or data[0] for every t (broadcast along time).
   template <typename Pointer>
-  struct Row {
-    Pointer data;
-    bool unit;
-  };
+  using Row = RowOperand<Pointer>;
 
   using Map = SpanMap<A>;
 
@@ -200,8 +284,11 @@ struct RowScan {
     before.coeff[Step] = a;
     before.state[Step] = b;
     b = multiply_add(a.value, shift_lanes<O, kShift>(b, b_before, kLaneIndices), b);
-    a = a.times({shift_lanes<O, kShift>(a.value, a_before.value, kLaneIndices),
-                 shift_lanes<O, kShift>(a.error, a_before.error, kLaneIndices)});
+    // The first step multiplies the coefficients themselves, which are exact: no errors to carry.
+    if constexpr (Step == 0) a = Coeffs::of_exact(a.value, shift_lanes<O, kShift>(a.value, a_before.value, kLaneIndices));
+    else
+      a = a.times({shift_lanes<O, kShift>(a.value, a_before.value, kLaneIndices),
+                   shift_lanes<O, kShift>(a.error, a_before.error, kLaneIndices)});
   }
 
   // Composes the vector's windows (a, b) after the span's map, lane by lane: lane kLast's window is
@@ -213,47 +300,69 @@ struct RowScan {
   }
 
   // Lane kLast of a span's map.
-  static Map last_lane(const Coeffs& map_coeff, const V& map_state, A last) {
-    return {map_coeff.value[kLast], map_coeff.error[kLast], map_state[kLast], last};
+  static Map last_lane(const Coeffs& map_coeff, const V& map_state, A last, bool nonfinite) {
+    return {map_coeff.value[kLast], map_coeff.error[kLast], map_state[kLast], last, nonfinite};
   }
 
   // Calls vector.template operator()<Full, Unit>(j) for the vectors of span [lo, hi): the first and
   // last as generic (partial, touching the sequence's ends), those between as full, with Unit when
-  // every operand in `units` steps by 1.
+  // every operand in `units` steps by 1. Inner vectors return whether to go on; false ends the span
+  // there, and for_each_vector returns false.
   template <typename Vector>
-  static void for_each_vector(int64_t lo, int64_t hi, bool units, const Vector& vector) {
+  static bool for_each_vector(int64_t lo, int64_t hi, bool units, const Vector& vector) {
     const int64_t vectors = (hi - lo + W - 1) / W;
-    if (vectors == 0) return;
+    if (vectors == 0) return true;
     vector.template operator()<false, false>(int64_t(0));
-    if (units)
-      for (int64_t j = 1; j < vectors - 1; ++j) vector.template operator()<true, true>(j);
-    else
-      for (int64_t j = 1; j < vectors - 1; ++j) vector.template operator()<true, false>(j);
+    if (units) {
+      for (int64_t j = 1; j < vectors - 1; ++j)
+        if (!vector.template operator()<true, true>(j)) return false;
+    } else {
+      for (int64_t j = 1; j < vectors - 1; ++j)
+        if (!vector.template operator()<true, false>(j)) return false;
+    }
     if (vectors > 1) vector.template operator()<false, false>(vectors - 1);
+    return true;
+  }
+
+  // After the window scan of vector j: whether an uncompensated pass goes on. Inner vectors carry by
+  // products of W coefficients each; the first and last, whose windows reach past the span, carry
+  // once each and compound nothing.
+  template <bool Full>
+  static bool carry_within_bound(CarryWatch<V>& watch, const Coeffs& a, int64_t j) {
+    if constexpr (!kWatched || !Full) return true;
+    watch.note(a.value);
+    return j % kCarryWatchPeriod != 0 || !watch.exceeded();
   }
 
   // The forward recurrence over span [lo, hi) of one sequence, entered with `state` (`fresh`: no
   // state: the span is the sequence's start and has no initial state, so its first element is its
   // input and its coefficient takes no part).
   template <Pass P>
-  static Map forward(Row<const T*> inputs, Row<const C*> coeffs, T* outputs, int64_t lo, int64_t hi, A state, bool fresh) {
+  static std::optional<Map> forward(Row<const T*> inputs, Row<const C*> coeffs, T* outputs, int64_t lo, int64_t hi,
+                                    A state, bool fresh) {
     V out = splat<V>(state), map_state{};
     Coeffs map_coeff = identity_product();
     Windows before;
-    for_each_vector(lo, hi, inputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
+    NonfiniteWitness<T, V> written;
+    CarryWatch<V> watch;
+    const bool whole = for_each_vector(lo, hi, inputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
       const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
       V b = load_row<Full, Unit>(inputs, lanes, A(0));
       V coeff = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
       if (!Full && fresh && j == 0) coeff = with_lane(coeff, first_lane(lanes), A(0));
       Coeffs a = exact(coeff);
       scan_windows(a, b, before);
+      if (!carry_within_bound<Full>(watch, a, j)) return false;
       if constexpr ((P & kScan) != 0) {
         out = a.apply(out, b);
         store_row<Full>(outputs, out, lanes);
+        written.template note<Full>(out, lanes.first, lanes.count);
       }
       if constexpr ((P & kMap) != 0) compose_map(a, b, map_coeff, map_state, !Full && j == 0);
+      return true;
     });
-    return last_lane(map_coeff, map_state, A(0));
+    if (!whole || (kWatched && watch.exceeded())) return std::nullopt;
+    return last_lane(map_coeff, map_state, A(0), written.found());
   }
 
   // The gradient recurrence over span [lo, hi), in this struct's order O (against the forward's),
@@ -262,7 +371,7 @@ struct RowScan {
   // the element it scanned before t; the initial state, or no gradient, at the sequence's start),
   // times coeff(t) with log coefficients. `state` and `fresh` as for forward().
   template <Pass P>
-  static Map backward(Row<const T*> d_outputs, Row<const C*> coeffs, Row<const T*> outputs, T* d_inputs, C* d_coeffs,
+  static std::optional<Map> backward(Row<const T*> d_outputs, Row<const C*> coeffs, Row<const T*> outputs, T* d_inputs, C* d_coeffs,
                       int64_t sequence_lo, int64_t sequence_hi, int64_t lo, int64_t hi, const C* initial, A state,
                       bool fresh) {
     // Memory offset of the element the forward scanned after a given one (its coefficient multiplies
@@ -273,9 +382,11 @@ struct RowScan {
     V d = splat<V>(state), map_state{};
     Coeffs map_coeff = identity_product();
     Windows before;
+    NonfiniteWitness<T, V> written;
+    CarryWatch<V> watch;
     A last = A(0);
     const int64_t vectors = (hi - lo + W - 1) / W;
-    for_each_vector(lo, hi, d_outputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
+    const bool whole = for_each_vector(lo, hi, d_outputs.unit && coeffs.unit, [&]<bool Full, bool Unit>(int64_t j) {
       const Lanes lanes = Full ? Lanes::whole(lo, hi, j) : Lanes::of(lo, hi, j);
       // Inner vectors' neighbours fall in the sequence: only the first and last can reach past it.
       V b = load_row<Full, Unit>(d_outputs, lanes, A(0));
@@ -300,9 +411,11 @@ struct RowScan {
       if (!Full && fresh && j == 0) next_coeff = with_lane(next_coeff, first_lane(lanes), A(0));
       Coeffs a = exact(next_coeff);
       scan_windows(a, b, before);
+      if (!carry_within_bound<Full>(watch, a, j)) return false;
       if constexpr ((P & kScan) != 0) {
         d = a.apply(d, b);
         store_row<Full>(d_inputs, d, lanes);
+        written.template note<Full>(d, lanes.first, lanes.count);
         V d_coeff = d * previous;
         if constexpr (LogCoeffs) d_coeff = d_coeff * own_coeff;
         if constexpr (!Full) {
@@ -314,8 +427,42 @@ struct RowScan {
         store_row<Full>(d_coeffs, d_coeff, lanes);
       }
       if constexpr ((P & kMap) != 0) compose_map(a, b, map_coeff, map_state, !Full && j == 0);
+      return true;
     });
-    return last_lane(map_coeff, map_state, last);
+    if (!whole || (kWatched && watch.exceeded())) return std::nullopt;
+    return last_lane(map_coeff, map_state, last, written.found());
+  }
+};
+
+// The kernels of one element type T, coefficient type C, vector width, scan order and coefficient
+// encoding. Coefficients whose products need compensation (kCompensated, numeric.h: float32, alone or
+// beside 16-bit inputs) are scanned without it first, and again with it where a span's carried
+// products exceed kCarryBound. Outputs are written by the pass that completes.
+template <typename T, typename C, int Bytes, Order O, bool LogCoeffs>
+struct RowScan : RowScanPass<T, C, Bytes, O, LogCoeffs, false> {
+  using Fast = RowScanPass<T, C, Bytes, O, LogCoeffs, false>;
+  using Exact = RowScanPass<T, C, Bytes, O, LogCoeffs, kCompensated<C>>;
+  using Map = typename Fast::Map;
+
+  template <typename Pointer>
+  using Row = RowOperand<Pointer>;
+  using A = typename Fast::A;
+
+  template <Pass P>
+  static Map forward(Row<const T*> inputs, Row<const C*> coeffs, T* outputs, int64_t lo, int64_t hi, A state, bool fresh) {
+    if (const std::optional<Map> map = Fast::template forward<P>(inputs, coeffs, outputs, lo, hi, state, fresh))
+      return *map;
+    return *Exact::template forward<P>(inputs, coeffs, outputs, lo, hi, state, fresh);
+  }
+  template <Pass P>
+  static Map backward(Row<const T*> d_outputs, Row<const C*> coeffs, Row<const T*> outputs, T* d_inputs, C* d_coeffs,
+                      int64_t sequence_lo, int64_t sequence_hi, int64_t lo, int64_t hi, const C* initial, A state,
+                      bool fresh) {
+    if (const std::optional<Map> map = Fast::template backward<P>(d_outputs, coeffs, outputs, d_inputs, d_coeffs,
+                                                                  sequence_lo, sequence_hi, lo, hi, initial, state, fresh))
+      return *map;
+    return *Exact::template backward<P>(d_outputs, coeffs, outputs, d_inputs, d_coeffs, sequence_lo, sequence_hi, lo,
+                                        hi, initial, state, fresh);
   }
 };
 

@@ -45,8 +45,24 @@ inline V splat(decltype(V{}[0]) value) {
   return V{} + value;
 }
 
+#if defined(__x86_64__)
+// Whether any bit of a vector is set: one test instruction (a loop over the lanes costs a short
+// sequence's whole scan).
+namespace native {
+__attribute__((target("avx512f"))) inline bool any_bit(__m512i v) { return _mm512_test_epi32_mask(v, v) != 0; }
+__attribute__((target("avx"))) inline bool any_bit(__m256i v) { return !_mm256_testz_si256(v, v); }
+inline bool any_bit(__m128i v) { return _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())) != 0xFFFF; }
+}  // namespace native
+#endif
+
+// Whether any lane of a mask (a vector compare's result) is set.
 template <typename M>
 inline bool any(M mask) {
+#if defined(__x86_64__)
+  if constexpr (sizeof(M) == 64) return native::any_bit((__m512i)mask);
+  else if constexpr (sizeof(M) == 32) return native::any_bit((__m256i)mask);
+  else if constexpr (sizeof(M) == 16) return native::any_bit((__m128i)mask);
+#endif
   for (int i = 0; i < static_cast<int>(sizeof(M) / sizeof(mask[0])); ++i)
     if (mask[i]) return true;
   return false;
