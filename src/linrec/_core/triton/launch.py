@@ -146,7 +146,7 @@ class _Plan:
 
 def _chosen(layout: Layout, dtype: torch.dtype, multiprocessors: int) -> configs.TileConfig:
     time_contiguous = layout.strides[0][2] == 1 or layout.length == 1
-    return configs.choose(layout, time_contiguous, dtype.itemsize, multiprocessors)
+    return configs.choose(layout, time_contiguous, dtype.itemsize, multiprocessors, dtype == torch.float32)
 
 
 def _maps_plan(layout: Layout, segments: int, multiprocessors: int) -> _Plan:
