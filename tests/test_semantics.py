@@ -208,7 +208,31 @@ def test_exact_zero_and_one(device, seed, dtype):
 @pytest.mark.parametrize("triton_device", TRITON_DEVICES)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_triton_follows_the_loop(triton_device, seed, reverse):
-    """The Triton kernels: infinity kept, NaN spread, resets that isolate packed sequences, split rows."""
+    """The Triton kernels: infinity kept, NaN spread, resets that isolate packed sequences, each program
+    rescanning the rows it scanned."""
+    _triton_follows_the_loop(triton_device, reverse)
+
+
+@pytest.mark.parametrize("triton_device", TRITON_DEVICES)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_triton_follows_the_loop_in_split_rows(triton_device, seed, monkeypatch, reverse):
+    """The same with every row split into segments (16-element tiles, the split threshold raised): the
+    segments' maps carry non-finite states and underflowed products, and the rescan kernels read the flags
+    of every segment."""
+    from linrec._core.triton import configs, launch
+    from linrec._core.triton.layout import plan
+
+    monkeypatch.setattr(configs, "TILE_ELEMENTS", 16)
+    monkeypatch.setattr(configs, "SPLIT_BELOW_PROGRAMS_PER_MULTIPROCESSOR", 1 << 20)
+    launch._plan.cache_clear()
+    monkeypatch.setattr(launch, "_plan", launch._plan.__wrapped__)  # no plan cached under these settings
+    for shape, dim in (((3, 300), 1), ((1, 300, 4), 1)):
+        layout = plan(shape, dim, (torch.empty(shape).stride(),))
+        assert launch._plan(layout, torch.float32, torch.device(triton_device), 0, 0).segments > 1
+    _triton_follows_the_loop(triton_device, reverse)
+
+
+def _triton_follows_the_loop(triton_device, reverse):
     length = 300
     inputs, coeffs = torch.randn(3, length), uniform((3, length), 0.5, 1.0)
     coeffs[0, 100] = float("inf")

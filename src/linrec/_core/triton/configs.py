@@ -15,6 +15,9 @@ TILE_ELEMENTS = 2048
 WARPS_BY_TILE = {0: 1, 256: 2, 512: 4, 4096: 8}
 #: The smallest tile length: shorter tiles spend more time on the carry between chunks than on the scan.
 MIN_BLOCK_L = 16
+#: float32 tiles at least this long take 8 warps: their compensated scan (kernels.py) is bound by the
+#: latency of its chains of fused multiply-adds, which more warps hide.
+COMPENSATED_8_WARPS_FROM_BLOCK_L = 2048
 #: The widest channel block when channels are the contiguous dim: 64 float32 channels are 256 bytes a
 #: time step, whole 32-byte sectors; wider blocks only lengthen the per-step reduction of the carry.
 MAX_BLOCK_C = 64
@@ -59,7 +62,8 @@ def _programs(layout: Layout, block_channels: int) -> int:
     return layout.batch0 * layout.batch1 * -(-layout.channels // block_channels)
 
 
-def choose(layout: Layout, time_contiguous: bool, element_size: int, multiprocessors: int) -> TileConfig:
+def choose(layout: Layout, time_contiguous: bool, element_size: int, multiprocessors: int,
+           compensated: bool = False) -> TileConfig:
     """A tile for the layout: the time dim along the tile where it is contiguous, else a block of
     contiguous channels scanned together."""
     length = _power_of_two_at_least(max(layout.length, MIN_BLOCK_L))
@@ -74,6 +78,8 @@ def choose(layout: Layout, time_contiguous: bool, element_size: int, multiproces
                and _programs(layout, block_channels) < PROGRAMS_PER_MULTIPROCESSOR * multiprocessors):
             block_channels //= 2
         block_length = min(length, max(TILE_ELEMENTS // block_channels, MIN_BLOCK_L))
+    if compensated and block_length >= COMPENSATED_8_WARPS_FROM_BLOCK_L:
+        return TileConfig(block_length, block_channels, 8)
     return TileConfig(block_length, block_channels, _warps(block_length * block_channels))
 
 

@@ -13,15 +13,31 @@ loaded one step shifted, and forms ``d_coeffs`` and ``d_initial`` from ``d_input
 
 A sequence's first step (position 0, the last with ``reverse``, or a ``cu_seqlens`` offset) takes
 ``initial``, or nothing: its coefficient is then set to zero, so the carry from the chunk or sequence
-before it has no effect (and an infinite or NaN first coefficient none either).
+before it has no effect (and an infinite or NaN first coefficient none either). A coefficient of exactly
+0 drops the state it would multiply, so that an infinite or NaN state does not cross a reset.
+
+float32 (COMPENSATED) scans each tile over (coefficient, value, error) triples: every product of
+coefficients carries its rounding error, the tree's levels included. A tree multiplies equal partial
+products where one decay repeats, so a plain product of a tile's n coefficients is off by about n
+roundings of the same sign, not sqrt(n) as the sequential loop's (with decays 0.999 and 2048-step tiles,
+4x the float32 loop's error on the outputs); the carry from chunk to chunk and the maps of split rows
+would compound that further (docs/design.md, Accuracy of products of coefficients). float64 keeps 53
+bits and 16-bit outputs round far above the error: they scan plain products.
+
+Non-finite results (IEEE semantics, docs/design.md): the reduction that takes a chunk's last result as
+the carry also sums ``result * 0`` per column (0, or NaN where a result is not finite). A program that
+scans whole rows then rescans, by the sequential loop, the sequences of its flagged columns whose
+results hold a non-finite value, after its own stores; where every result is finite nothing more runs.
+The programs of a split row set a (rows, channels) flag word with an atomic where a column holds a
+non-finite result, after the aggregate pass cleared it, and the rescan kernels read it.
 
 Few long rows split the time dim into segments of ``segment_length``, one program each, in three
 launches (launch.py): the kernel with ``AGGREGATE`` stores each segment's composed map instead of
-outputs (the product of its coefficients, with its rounding error, in float64, and its state from a zero
-carry, into ``products`` and ``carries``), a scan over the segments in float64 turns those into the state
-entering each segment, and the
-kernel with ``CARRY_IN`` scans each segment from that state. Segment, row and channel block are one
-program id; a call that is not split has one segment.
+outputs (the product of its coefficients, with its rounding error, in float64, and its state from a
+zero carry, into ``products`` and ``carries``), the forward kernel scans those maps over the segments
+in float64 into the state leaving each segment, and the kernel with ``CARRY_IN`` scans each segment
+from the state leaving the segment before it (``initial`` or zero for the first). Segment, row and
+channel block are one program id; a call that is not split has one segment.
 """
 
 from __future__ import annotations
@@ -88,23 +104,45 @@ def _scan(coeffs, values, REVERSE: tl.constexpr, COMPENSATED: tl.constexpr):
 
 
 @triton.jit
+def _apply(coeff, state, value):
+    """``coeff * state + value``; a coefficient of exactly 0 drops the state."""
+    return tl.where(coeff == 0, value, tl.fma(coeff, state, value))
+
+
+@triton.jit
+def _sum_pairs(value_a, marker_a, value_b, marker_b):
+    return value_a + value_b, marker_a + marker_b
+
+
+@triton.jit
+def _sum_triples(value_a, coeff_a, error_a, value_b, coeff_b, error_b):
+    return value_a + value_b, coeff_a + coeff_b, error_a + error_b
+
+
+@triton.jit
+def _chunk_end(scanned_coeffs, scanned_errors, results, product, product_error, last, AGGREGATE: tl.constexpr,
+               BLOCK_L: tl.constexpr):
+    """The state after a chunk, its result at row ``last`` (the last in scan order: positions past the end
+    read the identity); with AGGREGATE the product of the segment's coefficients so far (and its error)
+    times the chunk's, else per column the sum of ``results * 0``: 0, or NaN where a result is not finite.
+    One reduction over the tile picks the row and sums the markers (two reductions wait on the GPU for
+    twice the shared-memory round trips)."""
+    is_last = tl.arange(0, BLOCK_L)[:, None] == last
+    zeros = tl.zeros_like(results)
+    if AGGREGATE:
+        carry, chunk_product, chunk_error = tl.reduce(
+            (tl.where(is_last, results, zeros), tl.where(is_last, scanned_coeffs, zeros),
+             tl.where(is_last, scanned_errors, zeros)), 0, _sum_triples)
+        product, product_error = _times(chunk_product, chunk_error, product, product_error)
+        nonfinite = tl.zeros_like(carry)
+    else:
+        carry, nonfinite = tl.reduce((tl.where(is_last, results, zeros), results * 0.0), 0, _sum_pairs)
+    return carry, product, product_error, nonfinite
+
+
+@triton.jit
 def _nonfinite(values):
     return (values != values) | (tl.abs(values) == float("inf"))
-
-
-@triton.jit
-def _flag_nonfinite(values, flags_ptr, b0, b1, batch1, channels, cols, col_valid):
-    """Marks the (row, channel) columns of a (BLOCK_L, BLOCK_C) tile that hold a non-finite value in the
-    (rows, channels) flags, which the rescan kernels read."""
-    nonfinite = tl.max(_nonfinite(values).to(tl.int32), axis=0)
-    tl.store(flags_ptr + (b0 * batch1 + b1) * channels + cols, nonfinite, mask=col_valid & (nonfinite != 0))
-
-
-@triton.jit
-def _row_at(values, index, BLOCK_L: tl.constexpr):
-    """Row ``index`` of a (BLOCK_L, BLOCK_C) tile, as a (BLOCK_C,) vector."""
-    rows = tl.arange(0, BLOCK_L)[:, None]
-    return tl.sum(tl.where(rows == index, values, tl.zeros_like(values)), axis=0)
 
 
 @triton.jit
@@ -145,9 +183,23 @@ def _program_tile(channels, rows, batch1, channel_blocks, segment_length, length
         b0, b1, cols = b0.to(tl.int64), b1.to(tl.int64), cols.to(tl.int64)
     segment_start = segment * segment_length
     segment_end = tl.minimum(segment_start + segment_length, length)
-    # Offset of the program's (segment, row, channels) in the contiguous carries and products buffers.
+    # Offset of the program's (segment, row, channels) in the contiguous carries, products and flags buffers.
     state_offset = (segment * rows + row) * channels + cols
     return segment, b0, b1, cols, segment_start, segment_end, state_offset
+
+
+@triton.jit
+def _carry_in(states_ptr, state_offset, segment, rows, channels, length, segment_length, col_valid, first_carry,
+              FROM_END: tl.constexpr):
+    """The state entering a segment: the state leaving the segment before it in scan order (the one after
+    it in time FROM_END), which ``states`` holds, or ``first_carry`` for the first."""
+    previous = segment + 1 if FROM_END else segment - 1
+    # A (BLOCK_C,) mask: the interpreter combines a scalar mask and a vector one into integers.
+    previous_of_columns = tl.zeros_like(state_offset) + previous
+    has_previous = (previous_of_columns >= 0) & (previous_of_columns < tl.cdiv(length, segment_length))
+    carry = tl.load(states_ptr + state_offset + (previous - segment) * rows * channels, mask=col_valid & has_previous,
+                    other=0.0)
+    return tl.where(has_previous, carry.to(first_carry.dtype), first_carry)
 
 
 @triton.jit
@@ -162,24 +214,34 @@ def _chunk_positions(segment_start, segment_end, chunk, col_valid, BLOCK_L: tl.c
 
 
 @triton.jit
-def _fold_product(scanned_coeffs, scanned_errors, last, product, product_error, BLOCK_L: tl.constexpr):
-    """The running product of a segment's coefficients (and its error) times the chunk's, whose composed
-    coefficient is the scan's row ``last``."""
-    return _times(_row_at(scanned_coeffs, last, BLOCK_L), _row_at(scanned_errors, last, BLOCK_L), product,
-                  product_error)
+def _store_aggregate(carries_ptr, products_ptr, flags_ptr, state_offset, segment, carry, product, product_error,
+                     col_valid):
+    """A segment's map: its final state from zero and its product of coefficients (error folded in, in float64).
+    The first segment's programs clear their columns' flags, which the CARRY_IN pass sets."""
+    tl.store(carries_ptr + state_offset, carry, mask=col_valid)
+    tl.store(products_ptr + state_offset, product.to(tl.float64) + product_error.to(tl.float64), mask=col_valid)
+    if segment == 0:
+        tl.store(flags_ptr + state_offset, tl.zeros_like(state_offset).to(tl.int32), mask=col_valid)
 
 
 @triton.jit
-def _store_aggregate(carries_ptr, products_ptr, state_offset, carry, product, product_error, col_valid):
-    """A segment's map: its final state from zero and its product of coefficients (error folded in, in float64)."""
-    tl.store(carries_ptr + state_offset, carry, mask=col_valid)
-    tl.store(products_ptr + state_offset, product.to(tl.float64) + product_error.to(tl.float64), mask=col_valid)
+def _flag(flags_ptr, state_offset, segment, rows, channels, flagged):
+    """Sets the (rows, channels) flags of a segment's flagged columns: one atomic per column that holds a
+    non-finite result, none where all are finite."""
+    tl.atomic_or(flags_ptr + state_offset - segment * rows * channels, tl.full(flagged.shape, 1, tl.int32),
+                 mask=flagged)
+
+
+@triton.jit
+def _any(flagged):
+    """Whether any element of a (BLOCK_C,) mask is set, as a scalar."""
+    return tl.max(flagged.to(tl.int32), axis=0) != 0
 
 
 @triton.jit
 def linrec_forward_kernel(
     inputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr, carries_ptr, products_ptr,
-    flags_ptr, length, channels, rows, batch1, channel_blocks, segment_length,
+    flags_ptr, length, channels, rows, batch1, channel_blocks, segment_length, sequences,
     inputs_b0, inputs_b1, inputs_l, inputs_c,
     coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
     outputs_b0, outputs_b1, outputs_l, outputs_c,
@@ -188,57 +250,73 @@ def linrec_forward_kernel(
     AGGREGATE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr, INDEX_64: tl.constexpr,
     COMPENSATED: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    _, b0, b1, cols, segment_start, segment_end, state_offset = _program_tile(
+    """CARRY_IN reads the states leaving the segments from ``carries`` and sets the (rows, channels) int32
+    ``flags`` of columns with a non-finite result, which AGGREGATE clears; without AGGREGATE or CARRY_IN
+    the program rescans its flagged columns itself. ``sequences`` counts the packed sequences."""
+    segment, b0, b1, cols, segment_start, segment_end, state_offset = _program_tile(
         channels, rows, batch1, channel_blocks, segment_length, length, BLOCK_C, INDEX_64)
     col_valid = cols < channels
-    inputs_ptr += b0 * inputs_b0 + b1 * inputs_b1 + cols[None, :] * inputs_c
-    coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols[None, :] * coeffs_c
-    outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols[None, :] * outputs_c
-    initial_ptr += b0 * initial_b0 + b1 * initial_b1 + cols[None, :] * initial_c
+    inputs_row = inputs_ptr + b0 * inputs_b0 + b1 * inputs_b1 + cols * inputs_c
+    coeffs_row = coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
+    outputs_row = outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
+    initial_row = initial_ptr + b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
 
     # The state entering the next chunk; the initial state folds in as a carry when there is one sequence
-    # (a split call's carries hold it for the first segment, and its aggregates apply it later).
+    # (the first segment of a split call enters with it, and the aggregates apply it to the others).
     carry = tl.zeros([BLOCK_C], dtype=ACC)
+    if HAS_INITIAL and not PACKED and not AGGREGATE:
+        carry = tl.sum(tl.load(initial_row[None, :], mask=col_valid[None, :], other=0.0).to(ACC), axis=0)
+    if CARRY_IN:
+        carry = _carry_in(carries_ptr, state_offset, segment, rows, channels, length, segment_length, col_valid, carry,
+                          REVERSE)
     product = tl.full([BLOCK_C], 1.0, dtype=ACC)
     product_error = tl.zeros([BLOCK_C], dtype=ACC)
-    if CARRY_IN:
-        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0).to(ACC)
-    elif HAS_INITIAL and not PACKED and not AGGREGATE:
-        carry = tl.sum(tl.load(initial_ptr, mask=col_valid[None, :], other=0.0).to(ACC), axis=0)
+    nonfinite = tl.zeros([BLOCK_C], dtype=ACC)  # results * 0 summed: NaN where a result is not finite
+    last = 0 if REVERSE else BLOCK_L - 1  # the tile's last row in scan order
     chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
     for step in range(0, chunks):
         chunk = chunks - 1 - step if REVERSE else step
         positions, valid, mask = _chunk_positions(segment_start, segment_end, chunk, col_valid, BLOCK_L, INDEX_64)
-        inputs = tl.load(inputs_ptr + positions[:, None] * inputs_l, mask=mask, other=0.0).to(ACC)
-        coeffs = _load_coeffs(coeffs_ptr + positions[:, None] * coeffs_l, mask, ACC, LOG_COEFFS)
+        inputs = tl.load(inputs_row[None, :] + positions[:, None] * inputs_l, mask=mask, other=0.0).to(ACC)
+        coeffs = _load_coeffs(coeffs_row[None, :] + positions[:, None] * coeffs_l, mask, ACC, LOG_COEFFS)
         first, sequence = _first_steps(positions, valid, length, cu_seqlens_ptr, sequence_ptr, REVERSE, PACKED)
         first = first[:, None]
         if HAS_INITIAL and PACKED:
-            initial = tl.load(initial_ptr + sequence[:, None] * initial_sequence, mask=first & mask, other=0.0)
+            initial = tl.load(initial_row[None, :] + sequence[:, None] * initial_sequence, mask=first & mask,
+                              other=0.0)
             inputs = tl.where(first, inputs + coeffs * initial.to(ACC), inputs)
         if PACKED or not HAS_INITIAL:
             coeffs = tl.where(first, tl.zeros_like(coeffs), coeffs)
         scanned_coeffs, scanned_inputs, scanned_errors = _scan(coeffs, inputs, REVERSE, COMPENSATED)
-        outputs = _advance(scanned_coeffs, scanned_errors, carry[None, :], scanned_inputs)
-        if not AGGREGATE:
-            tl.store(outputs_ptr + positions[:, None] * outputs_l, outputs.to(outputs_ptr.dtype.element_ty),
-                     mask=mask)
-        # Positions past the end read the identity, so the tile's last row in scan order is the state.
-        carry = _row_at(outputs, 0 if REVERSE else BLOCK_L - 1, BLOCK_L)
-        if AGGREGATE:
-            product, product_error = _fold_product(scanned_coeffs, scanned_errors, 0 if REVERSE else BLOCK_L - 1,
-                                                   product, product_error, BLOCK_L)
+        if COMPENSATED:
+            outputs = _advance(scanned_coeffs, scanned_errors, carry[None, :], scanned_inputs)
         else:
-            _flag_nonfinite(outputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
+            outputs = _apply(scanned_coeffs, carry[None, :], scanned_inputs)
+        if not AGGREGATE:
+            tl.store(outputs_row[None, :] + positions[:, None] * outputs_l, outputs.to(outputs_ptr.dtype.element_ty),
+                     mask=mask)
+        carry, product, product_error, chunk_nonfinite = _chunk_end(scanned_coeffs, scanned_errors, outputs, product,
+                                                                    product_error, last, AGGREGATE, BLOCK_L)
+        nonfinite += chunk_nonfinite
     if AGGREGATE:
-        _store_aggregate(carries_ptr, products_ptr, state_offset, carry, product, product_error, col_valid)
+        _store_aggregate(carries_ptr, products_ptr, flags_ptr, state_offset, segment, carry, product, product_error,
+                         col_valid)
+    else:
+        flagged = (nonfinite != 0) & col_valid
+        if CARRY_IN:
+            _flag(flags_ptr, state_offset, segment, rows, channels, flagged)
+        elif _any(flagged):
+            tl.debug_barrier()  # the outputs every thread stored, visible to the threads that rescan them
+            _rescan_forward(inputs_row, coeffs_row, outputs_row, initial_row, cu_seqlens_ptr, flagged, sequences,
+                            length, inputs_l, coeffs_l, outputs_l, initial_sequence, REVERSE, HAS_INITIAL, PACKED,
+                            LOG_COEFFS, ACC, BLOCK_C)
 
 
 @triton.jit
 def linrec_backward_kernel(
     d_outputs_ptr, coeffs_ptr, outputs_ptr, initial_ptr, cu_seqlens_ptr, sequence_ptr,
     d_inputs_ptr, d_coeffs_ptr, d_initial_ptr, carries_ptr, products_ptr, flags_ptr,
-    length, channels, rows, batch1, channel_blocks, segment_length, d_coeffs_segment,
+    length, channels, rows, batch1, channel_blocks, segment_length, sequences, d_coeffs_segment,
     d_outputs_b0, d_outputs_b1, d_outputs_l, d_outputs_c,
     coeffs_b0, coeffs_b1, coeffs_l, coeffs_c,
     outputs_b0, outputs_b1, outputs_l, outputs_c,
@@ -251,26 +329,30 @@ def linrec_backward_kernel(
 ):
     """d_initial has initial's strides. With SUM_COEFFS_OVER_TIME (coeffs broadcast along time) each
     program sums d_coeffs over its segment and stores one (BLOCK_C,) row at time position 0, segments
-    ``d_coeffs_segment`` apart. AGGREGATE computes d_inputs' composed map only (no d_coeffs)."""
+    ``d_coeffs_segment`` apart. AGGREGATE computes d_inputs' composed map only (no d_coeffs). Flags and
+    rescans follow d_inputs, as the forward kernel's follow its outputs."""
     segment, b0, b1, cols, segment_start, segment_end, state_offset = _program_tile(
         channels, rows, batch1, channel_blocks, segment_length, length, BLOCK_C, INDEX_64)
     col_valid = cols < channels
-    d_outputs_ptr += b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols[None, :] * d_outputs_c
-    coeffs_ptr += b0 * coeffs_b0 + b1 * coeffs_b1 + cols[None, :] * coeffs_c
-    outputs_ptr += b0 * outputs_b0 + b1 * outputs_b1 + cols[None, :] * outputs_c
-    initial_offset = b0 * initial_b0 + b1 * initial_b1 + cols[None, :] * initial_c
-    initial_ptr += initial_offset
-    d_initial_ptr += initial_offset
-    d_inputs_ptr += b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols[None, :] * d_inputs_c
-    d_coeffs_ptr += b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols[None, :] * d_coeffs_c + segment * d_coeffs_segment
+    d_outputs_row = d_outputs_ptr + b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols * d_outputs_c
+    coeffs_row = coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
+    outputs_row = outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
+    initial_offset = b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
+    initial_row = initial_ptr + initial_offset
+    d_initial_row = d_initial_ptr + initial_offset
+    d_inputs_row = d_inputs_ptr + b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols * d_inputs_c
+    d_coeffs_row = d_coeffs_ptr + b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols * d_coeffs_c + segment * d_coeffs_segment
 
     step_along = -1 if REVERSE else 1  # from a position to the next one of the recurrence
     carry = tl.zeros([BLOCK_C], dtype=ACC)  # d_inputs at the next position, entering the chunk
     if CARRY_IN:
-        carry = tl.load(carries_ptr + state_offset, mask=col_valid, other=0.0).to(ACC)
+        carry = _carry_in(carries_ptr, state_offset, segment, rows, channels, length, segment_length, col_valid, carry,
+                          not REVERSE)
     product = tl.full([BLOCK_C], 1.0, dtype=ACC)
     product_error = tl.zeros([BLOCK_C], dtype=ACC)
     d_coeffs_sum = tl.zeros([BLOCK_C], dtype=ACC)
+    nonfinite = tl.zeros([BLOCK_C], dtype=ACC)  # d_inputs * 0 summed: NaN where one is not finite
+    last = BLOCK_L - 1 if REVERSE else 0  # the tile's last row in scan order
     chunks = tl.cdiv(segment_end - segment_start, BLOCK_L)
     for step in range(0, chunks):
         chunk = step if REVERSE else chunks - 1 - step
@@ -284,31 +366,45 @@ def linrec_backward_kernel(
                                               REVERSE, PACKED)
             has_following = has_following & ~following_first
         following_mask = has_following[:, None] & col_valid[None, :]
-        following_coeffs = _load_coeffs(coeffs_ptr + following[:, None] * coeffs_l, following_mask, ACC, LOG_COEFFS)
+        following_coeffs = _load_coeffs(coeffs_row[None, :] + following[:, None] * coeffs_l, following_mask, ACC,
+                                        LOG_COEFFS)
         following_coeffs = tl.where(following_mask, following_coeffs, tl.zeros_like(following_coeffs))
-        d_outputs = tl.load(d_outputs_ptr + positions[:, None] * d_outputs_l, mask=mask, other=0.0).to(ACC)
+        d_outputs = tl.load(d_outputs_row[None, :] + positions[:, None] * d_outputs_l, mask=mask, other=0.0).to(ACC)
         scanned_coeffs, scanned, scanned_errors = _scan(following_coeffs, d_outputs, not REVERSE, COMPENSATED)
-        d_inputs = _advance(scanned_coeffs, scanned_errors, carry[None, :], scanned)
-        carry = _row_at(d_inputs, BLOCK_L - 1 if REVERSE else 0, BLOCK_L)
-        if AGGREGATE:
-            product, product_error = _fold_product(scanned_coeffs, scanned_errors, BLOCK_L - 1 if REVERSE else 0,
-                                                   product, product_error, BLOCK_L)
+        if COMPENSATED:
+            d_inputs = _advance(scanned_coeffs, scanned_errors, carry[None, :], scanned)
         else:
-            _flag_nonfinite(d_inputs, flags_ptr, b0, b1, batch1, channels, cols, col_valid)
-            tl.store(d_inputs_ptr + positions[:, None] * d_inputs_l, d_inputs.to(d_inputs_ptr.dtype.element_ty),
-                     mask=mask)
+            d_inputs = _apply(scanned_coeffs, carry[None, :], scanned)
+        carry, product, product_error, chunk_nonfinite = _chunk_end(scanned_coeffs, scanned_errors, d_inputs, product,
+                                                                    product_error, last, AGGREGATE, BLOCK_L)
+        nonfinite += chunk_nonfinite
+        if not AGGREGATE:
+            tl.store(d_inputs_row[None, :] + positions[:, None] * d_inputs_l,
+                     d_inputs.to(d_inputs_ptr.dtype.element_ty), mask=mask)
             d_coeffs = _coefficient_gradients(
-                d_inputs, first, sequence, positions, mask, step_along, coeffs_ptr, coeffs_l, outputs_ptr, outputs_l,
-                initial_ptr, initial_sequence, d_initial_ptr, HAS_INITIAL, LOG_COEFFS, ACC)
+                d_inputs, first, sequence, positions, mask, step_along, coeffs_row[None, :], coeffs_l,
+                outputs_row[None, :], outputs_l, initial_row[None, :], initial_sequence, d_initial_row[None, :],
+                HAS_INITIAL, LOG_COEFFS, ACC)
             if SUM_COEFFS_OVER_TIME:
                 d_coeffs_sum += tl.sum(d_coeffs, axis=0)
             else:
-                tl.store(d_coeffs_ptr + positions[:, None] * d_coeffs_l, d_coeffs.to(d_coeffs_ptr.dtype.element_ty),
-                         mask=mask)
+                tl.store(d_coeffs_row[None, :] + positions[:, None] * d_coeffs_l,
+                         d_coeffs.to(d_coeffs_ptr.dtype.element_ty), mask=mask)
     if AGGREGATE:
-        _store_aggregate(carries_ptr, products_ptr, state_offset, carry, product, product_error, col_valid)
-    elif SUM_COEFFS_OVER_TIME:
-        tl.store(d_coeffs_ptr, d_coeffs_sum[None, :].to(d_coeffs_ptr.dtype.element_ty), mask=col_valid[None, :])
+        _store_aggregate(carries_ptr, products_ptr, flags_ptr, state_offset, segment, carry, product, product_error,
+                         col_valid)
+    else:
+        if SUM_COEFFS_OVER_TIME:
+            tl.store(d_coeffs_row, d_coeffs_sum.to(d_coeffs_ptr.dtype.element_ty), mask=col_valid)
+        flagged = (nonfinite != 0) & col_valid
+        if CARRY_IN:
+            _flag(flags_ptr, state_offset, segment, rows, channels, flagged)
+        elif _any(flagged):
+            tl.debug_barrier()  # the gradients every thread stored, visible to the threads that rescan them
+            _rescan_backward(d_outputs_row, coeffs_row, outputs_row, initial_row, cu_seqlens_ptr, d_inputs_row,
+                             d_coeffs_row, d_initial_row, flagged, sequences, length, d_outputs_l, coeffs_l, outputs_l,
+                             initial_sequence, d_inputs_l, d_coeffs_l, REVERSE, HAS_INITIAL, PACKED, LOG_COEFFS,
+                             not SUM_COEFFS_OVER_TIME, ACC, BLOCK_C)
 
 
 @triton.jit
@@ -368,15 +464,84 @@ def _first_nonfinite(pointers, stride, begin, end, mask, REVERSE: tl.constexpr, 
 
 
 @triton.jit
-def _rescan_columns(flags_ptr, channels, batch1, channel_blocks, sequences, BLOCK_C: tl.constexpr):
-    """A rescan program's row (as its two batch indices), its BLOCK_C channel columns, which of them the
-    scan flagged, and the packed sequences it walks: all of them where a column is flagged, else none."""
+def _rescan_forward(inputs_row, coeffs_row, outputs_row, initial_row, cu_seqlens_ptr, flagged, sequences, length,
+                    inputs_l, coeffs_l, outputs_l, initial_sequence, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr,
+                    PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr, ACC: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The loop over the packed sequences (whole rows without packing) of the ``flagged`` (row, channel)
+    columns whose outputs hold a non-finite value: the recurrence's IEEE answer, which the parallel scan's
+    products of coefficients can miss (csrc/include/linrec/nonfinite_rescan.h says why), stored from the
+    first non-finite output on. The ``*_row`` pointers address the columns' first time steps."""
+    for sequence in range(0, tl.where(_any(flagged), sequences, 0)):
+        begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+        first = _first_nonfinite(outputs_row, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C)
+        rescanned = flagged & (first < end - begin)
+        steps = tl.where(_any(rescanned), end - begin, 0)
+        state = tl.zeros([BLOCK_C], dtype=ACC)
+        if HAS_INITIAL:
+            state = tl.load(initial_row + sequence * initial_sequence, mask=rescanned, other=0.0).to(ACC)
+        for n in range(0, steps):
+            t = end - 1 - n if REVERSE else begin + n
+            x = tl.load(inputs_row + t * inputs_l, mask=rescanned, other=0.0).to(ACC)
+            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
+            if HAS_INITIAL:
+                state = c * state + x
+            else:
+                state = tl.where(n == 0, x, c * state + x)
+            tl.store(outputs_row + t * outputs_l, state.to(outputs_row.dtype.element_ty), mask=rescanned & (n >= first))
+
+
+@triton.jit
+def _rescan_backward(d_outputs_row, coeffs_row, outputs_row, initial_row, cu_seqlens_ptr, d_inputs_row, d_coeffs_row,
+                     d_initial_row, flagged, sequences, length, d_outputs_l, coeffs_l, outputs_l, initial_sequence,
+                     d_inputs_l, d_coeffs_l, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr,
+                     LOG_COEFFS: tl.constexpr, STORE_COEFFS: tl.constexpr, ACC: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The backward's loop over the ``flagged`` columns' sequences whose d_inputs hold a non-finite value:
+    d_inputs, d_coeffs per element (STORE_COEFFS; a sum over time is left as the backward kernel made it)
+    and d_initial, as ``_rescan_forward`` rescans the forward."""
+    step = 1 if REVERSE else -1  # from a position to the one before it in the forward scan
+    for sequence in range(0, tl.where(_any(flagged), sequences, 0)):
+        begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+        first = _first_nonfinite(d_inputs_row, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C)
+        rescanned = flagged & (first < end - begin)
+        steps = tl.where(_any(rescanned), end - begin, 0)
+        d_state = tl.zeros([BLOCK_C], dtype=ACC)
+        next_coeff = tl.zeros([BLOCK_C], dtype=ACC)
+        for n in range(0, steps):
+            t = begin + n if REVERSE else end - 1 - n
+            g = tl.load(d_outputs_row + t * d_outputs_l, mask=rescanned, other=0.0).to(ACC)
+            d_state = next_coeff * d_state + g
+            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
+            stored = rescanned & (n >= first)
+            tl.store(d_inputs_row + t * d_inputs_l, d_state.to(d_inputs_row.dtype.element_ty), mask=stored)
+            if STORE_COEFFS:
+                has_previous = tl.zeros([BLOCK_C], dtype=tl.int32) + (n + 1) < end - begin
+                previous = tl.load(outputs_row + (t + step) * outputs_l, mask=rescanned & has_previous,
+                                   other=0.0).to(ACC)
+                if HAS_INITIAL:
+                    first_state = tl.load(initial_row + sequence * initial_sequence, mask=rescanned,
+                                          other=0.0).to(ACC)
+                    previous = tl.where(has_previous, previous, first_state)
+                d_coeff = d_state * previous
+                if LOG_COEFFS:
+                    d_coeff = d_coeff * c
+                if not HAS_INITIAL:
+                    d_coeff = tl.where(has_previous, d_coeff, tl.zeros_like(d_coeff))
+                tl.store(d_coeffs_row + t * d_coeffs_l, d_coeff.to(d_coeffs_row.dtype.element_ty), mask=stored)
+            next_coeff = c
+        if HAS_INITIAL:
+            tl.store(d_initial_row + sequence * initial_sequence,
+                     (next_coeff * d_state).to(d_initial_row.dtype.element_ty), mask=rescanned)
+
+
+@triton.jit
+def _flagged_columns(flags_ptr, channels, batch1, channel_blocks, BLOCK_C: tl.constexpr):
+    """A rescan program's row (as its two batch indices), its BLOCK_C channel columns, and which of them
+    the scan flagged."""
     program = tl.program_id(0)
     row = program // channel_blocks
     cols = (program % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
     flagged = tl.load(flags_ptr + row * channels + cols, mask=cols < channels, other=0) != 0
-    scanned_sequences = tl.where(tl.max(flagged.to(tl.int32), axis=0) != 0, sequences, 0)
-    return row // batch1, row % batch1, cols, flagged, scanned_sequences
+    return row // batch1, row % batch1, cols, flagged
 
 
 @triton.jit
@@ -390,34 +555,15 @@ def linrec_rescan_forward_kernel(
     REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """The loop over the packed sequences (whole rows without packing) of the (row, channel) columns the
-    forward kernel flagged whose outputs hold a non-finite value: the recurrence's IEEE answer, which the
-    parallel scan's products of coefficients can miss (csrc/include/linrec/nonfinite_rescan.h says why),
-    stored from the first non-finite output on. A program takes a row and BLOCK_C channels; where none
-    is flagged its loops have no steps."""
-    b0, b1, cols, flagged, scanned_sequences = _rescan_columns(flags_ptr, channels, batch1, channel_blocks, sequences,
-                                                                BLOCK_C)
-    inputs_row = inputs_ptr + b0 * inputs_b0 + b1 * inputs_b1 + cols * inputs_c
-    coeffs_row = coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
-    outputs_row = outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
-    initial_row = initial_ptr + b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
-    for sequence in range(0, scanned_sequences):
-        begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
-        first = _first_nonfinite(outputs_row, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C)
-        rescanned = flagged & (first < end - begin)
-        steps = tl.where(tl.max(rescanned.to(tl.int32), axis=0) != 0, end - begin, 0)
-        state = tl.zeros([BLOCK_C], dtype=ACC)
-        if HAS_INITIAL:
-            state = tl.load(initial_row + sequence * initial_sequence, mask=rescanned, other=0.0).to(ACC)
-        for n in range(0, steps):
-            t = end - 1 - n if REVERSE else begin + n
-            x = tl.load(inputs_row + t * inputs_l, mask=rescanned, other=0.0).to(ACC)
-            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
-            if HAS_INITIAL:
-                state = c * state + x
-            else:
-                state = tl.where(n == 0, x, c * state + x)
-            tl.store(outputs_row + t * outputs_l, state.to(outputs_ptr.dtype.element_ty), mask=rescanned & (n >= first))
+    """The rescan of a split call, after its last pass: a program takes a row and BLOCK_C channels, and
+    where the forward kernel flagged none of them its loops have no steps."""
+    b0, b1, cols, flagged = _flagged_columns(flags_ptr, channels, batch1, channel_blocks, BLOCK_C)
+    _rescan_forward(inputs_ptr + b0 * inputs_b0 + b1 * inputs_b1 + cols * inputs_c,
+                    coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c,
+                    outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c,
+                    initial_ptr + b0 * initial_b0 + b1 * initial_b1 + cols * initial_c, cu_seqlens_ptr, flagged,
+                    sequences, length, inputs_l, coeffs_l, outputs_l, initial_sequence, REVERSE, HAS_INITIAL, PACKED,
+                    LOG_COEFFS, ACC, BLOCK_C)
 
 
 @triton.jit
@@ -433,47 +579,15 @@ def linrec_rescan_backward_kernel(
     REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, PACKED: tl.constexpr, LOG_COEFFS: tl.constexpr,
     STORE_COEFFS: tl.constexpr, ACC: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """The backward's loop over the flagged columns' sequences whose d_inputs hold a non-finite value:
-    d_inputs, d_coeffs per element (STORE_COEFFS; a sum over time is left as the backward kernel made it)
-    and d_initial, as linrec_rescan_forward_kernel rescans the forward."""
-    b0, b1, cols, flagged, scanned_sequences = _rescan_columns(flags_ptr, channels, batch1, channel_blocks, sequences,
-                                                                BLOCK_C)
-    d_outputs_row = d_outputs_ptr + b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols * d_outputs_c
-    coeffs_row = coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c
-    outputs_row = outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c
+    """The backward's rescan of a split call, as linrec_rescan_forward_kernel rescans the forward."""
+    b0, b1, cols, flagged = _flagged_columns(flags_ptr, channels, batch1, channel_blocks, BLOCK_C)
     initial_offset = b0 * initial_b0 + b1 * initial_b1 + cols * initial_c
-    d_inputs_row = d_inputs_ptr + b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols * d_inputs_c
-    d_coeffs_row = d_coeffs_ptr + b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols * d_coeffs_c
-    step = 1 if REVERSE else -1  # from a position to the one before it in the forward scan
-    for sequence in range(0, scanned_sequences):
-        begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
-        first = _first_nonfinite(d_inputs_row, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C)
-        rescanned = flagged & (first < end - begin)
-        steps = tl.where(tl.max(rescanned.to(tl.int32), axis=0) != 0, end - begin, 0)
-        d_state = tl.zeros([BLOCK_C], dtype=ACC)
-        next_coeff = tl.zeros([BLOCK_C], dtype=ACC)
-        for n in range(0, steps):
-            t = begin + n if REVERSE else end - 1 - n
-            g = tl.load(d_outputs_row + t * d_outputs_l, mask=rescanned, other=0.0).to(ACC)
-            d_state = next_coeff * d_state + g
-            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
-            stored = rescanned & (n >= first)
-            tl.store(d_inputs_row + t * d_inputs_l, d_state.to(d_inputs_ptr.dtype.element_ty), mask=stored)
-            if STORE_COEFFS:
-                has_previous = tl.zeros([BLOCK_C], dtype=tl.int32) + (n + 1) < end - begin
-                previous = tl.load(outputs_row + (t + step) * outputs_l, mask=rescanned & has_previous,
-                                   other=0.0).to(ACC)
-                if HAS_INITIAL:
-                    first_state = tl.load(initial_ptr + initial_offset + sequence * initial_sequence,
-                                          mask=rescanned, other=0.0).to(ACC)
-                    previous = tl.where(has_previous, previous, first_state)
-                d_coeff = d_state * previous
-                if LOG_COEFFS:
-                    d_coeff = d_coeff * c
-                if not HAS_INITIAL:
-                    d_coeff = tl.where(has_previous, d_coeff, tl.zeros_like(d_coeff))
-                tl.store(d_coeffs_row + t * d_coeffs_l, d_coeff.to(d_coeffs_ptr.dtype.element_ty), mask=stored)
-            next_coeff = c
-        if HAS_INITIAL:
-            tl.store(d_initial_ptr + initial_offset + sequence * initial_sequence,
-                     (next_coeff * d_state).to(d_initial_ptr.dtype.element_ty), mask=rescanned)
+    _rescan_backward(d_outputs_ptr + b0 * d_outputs_b0 + b1 * d_outputs_b1 + cols * d_outputs_c,
+                     coeffs_ptr + b0 * coeffs_b0 + b1 * coeffs_b1 + cols * coeffs_c,
+                     outputs_ptr + b0 * outputs_b0 + b1 * outputs_b1 + cols * outputs_c,
+                     initial_ptr + initial_offset, cu_seqlens_ptr,
+                     d_inputs_ptr + b0 * d_inputs_b0 + b1 * d_inputs_b1 + cols * d_inputs_c,
+                     d_coeffs_ptr + b0 * d_coeffs_b0 + b1 * d_coeffs_b1 + cols * d_coeffs_c,
+                     d_initial_ptr + initial_offset, flagged, sequences, length, d_outputs_l, coeffs_l, outputs_l,
+                     initial_sequence, d_inputs_l, d_coeffs_l, REVERSE, HAS_INITIAL, PACKED, LOG_COEFFS, STORE_COEFFS,
+                     ACC, BLOCK_C)

@@ -1,6 +1,10 @@
 """Host side of the Triton backend: the implementations of ``linrec::triton_forward`` and
 ``linrec::triton_backward``. Each maps its operands onto the kernels' four-dim view (layout.py),
-picks a tile (configs.py) and launches one kernel. Each op checks its arguments as the fake kernels do
+picks a tile (configs.py) and launches one kernel, which also rescans the sequences whose results are
+not finite: no other launch, allocation or host synchronization than the results' own. Few long rows
+split into segments take three launches (the segments' maps, their scan, the segments from the states
+entering them) and a rescan kernel, whose programs return at once where no column is flagged, and three
+allocations (the maps, the states, the flags). Each op checks its arguments as the fake kernels do
 (checks.py), and what only the Triton backend needs.
 
 Mixed precision (float32 coeffs or initial with 16-bit inputs) converts nothing: the kernels read every
@@ -94,6 +98,7 @@ class _Plan:
     accumulator_dtype: torch.dtype
     index_64: bool
     compensated: bool  # whether the scans carry their products' rounding errors (float32: kernels.py)
+    maps: _Plan | None = None  # a split call's scan over its segments' maps
 
     # Plain integer arithmetic: triton.cdiv is a jit function, whose call from Python costs microseconds.
     @property
@@ -119,14 +124,15 @@ class _Plan:
     def rescan_grid(self) -> tuple[int]:
         return (self.rows * self.channel_blocks,)
 
-    def rescan_sizes(self, cu_seqlens: torch.Tensor | None) -> tuple[int, ...]:
+    def rescan_sizes(self, sequences: int) -> tuple[int, ...]:
         """The rescan kernels' size arguments: length, channels, batch1, channel_blocks, sequences."""
-        sequences = 1 if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        return self.layout.length, self.layout.channels, self.layout.batch1, self.channel_blocks, sequences
+        layout = self.layout
+        return layout.length, layout.channels, layout.batch1, self.channel_blocks, sequences
 
     def flags(self, device: torch.device) -> torch.Tensor:
-        """Zeroed (rows, channels) flags, which the kernels set where a result is not finite."""
-        return torch.zeros((self.rows, self.layout.channels), dtype=torch.int32, device=device)
+        """The (rows, channels) flags of a split call, which its aggregate pass clears, its CARRY_IN pass
+        sets where a result is not finite, and the rescan kernels read."""
+        return torch.empty((self.rows, self.layout.channels), dtype=torch.int32, device=device)
 
     def rescan_constants(self) -> dict:
         return dict(ACC=_ACCUMULATORS.get(self.accumulator_dtype, tl.float32), BLOCK_C=self.config.block_channels,
@@ -138,45 +144,57 @@ class _Plan:
                     BLOCK_C=self.config.block_channels, num_warps=self.config.warps)
 
 
+def _chosen(layout: Layout, dtype: torch.dtype, multiprocessors: int) -> configs.TileConfig:
+    time_contiguous = layout.strides[0][2] == 1 or layout.length == 1
+    return configs.choose(layout, time_contiguous, dtype.itemsize, multiprocessors, dtype == torch.float32)
+
+
+def _maps_plan(layout: Layout, segments: int, multiprocessors: int) -> _Plan:
+    """The plan of the scan over a split call's segment maps: contiguous float64 (segments, rows, channels)
+    buffers with the call's batch and channel dims, each row and channel block scanned over all its
+    segments by one program."""
+    batch1_stride, rows = layout.channels * layout.batch1, layout.batch0 * layout.batch1
+    maps = (batch1_stride, layout.channels, rows * layout.channels, 1)
+    maps_layout = Layout(layout.batch0, layout.batch1, segments, layout.channels, (maps,))
+    return _Plan(maps_layout, _chosen(maps_layout, torch.float64, multiprocessors), segments, torch.float64,
+                 maps_layout.extent() > _INT32_ELEMENTS, False)
+
+
 @lru_cache(maxsize=4096)
 def _plan(layout: Layout, dtype: torch.dtype, device: torch.device, block_length: int, block_channels: int) -> _Plan:
     multiprocessors = _multiprocessors(device)
     if block_length or block_channels:
         config = configs.forced(block_length or configs.MIN_BLOCK_L, block_channels or 1)
     else:
-        time_contiguous = layout.strides[0][2] == 1 or layout.length == 1
-        config = configs.choose(layout, time_contiguous, dtype.itemsize, multiprocessors)
+        config = _chosen(layout, dtype, multiprocessors)
     accumulator_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    return _Plan(layout, config, configs.segment_length(layout, config, multiprocessors), accumulator_dtype,
-                 layout.extent() > _INT32_ELEMENTS, dtype == torch.float32)
+    segment_length = configs.segment_length(layout, config, multiprocessors)
+    segments = -(-layout.length // segment_length)
+    return _Plan(layout, config, segment_length, accumulator_dtype, layout.extent() > _INT32_ELEMENTS,
+                 dtype == torch.float32, _maps_plan(layout, segments, multiprocessors) if segments > 1 else None)
 
 
-def _carries(plan: _Plan, aggregate, scan_reverse: bool, initial: torch.Tensor | None, device: torch.device):
-    """The state entering each segment of a split call, as a contiguous (segments, rows, channels) buffer:
-    ``aggregate(carries, products)`` stores each segment's composed map (its state from a zero carry, and
-    the product of its coefficients), and a scan over the segments in the direction of the kernel's scan
-    composes them, from ``initial`` (rows, channels) or zero. The maps are float64, so that the products
-    (which the kernels store with their rounding error) compose without compounding it."""
-    shape = (plan.segments, plan.rows, plan.layout.channels)
-    wide = torch.float64
-    states = torch.empty(shape, dtype=wide, device=device)
-    products = torch.empty_like(states)
+def _segment_states(plan: _Plan, aggregate, scan_reverse: bool, initial: torch.Tensor | None,
+                    initial_args: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The state leaving each segment of a split call, as a contiguous (segments, rows, channels) float64
+    buffer, from which the kernels' CARRY_IN pass reads the state entering each segment: ``aggregate(states,
+    products)`` stores each segment's composed map (its state from a zero carry, and the product of its
+    coefficients), and the forward kernel scans the maps over the segments in the direction of the kernel's
+    scan, from ``initial`` (unpacked, given by ``initial_args``, the call's initial strides) or zero. The maps
+    are float64, so that the products (which the kernels store with their rounding error) compose without
+    compounding it."""
+    maps = plan.maps
+    states, products = torch.empty((2, plan.segments, plan.rows, plan.layout.channels), dtype=torch.float64,
+                                   device=device)
     aggregate(states, products)
-    start = (initial.to(wide) if initial is not None else states.new_zeros(shape[1:])).unsqueeze(0)
-    leaving = forward(states, products, 0, scan_reverse, start[0] if initial is not None else None)
-    entering = [leaving[1:], start] if scan_reverse else [start, leaving[:-1]]
-    return torch.cat(entering).to(plan.accumulator_dtype)
-
-
-def _initial_state(plan: _Plan, initial: torch.Tensor | None, packed: bool) -> torch.Tensor | None:
-    """An unpacked initial state as (rows, channels) in the accumulator type, for the scan over segments
-    (packed initial states enter at their sequences' starts, inside the segments)."""
-    if initial is None or packed:
-        return None
-    layout = plan.layout
-    batch0, batch1, _, channels = layout.strides[-1]
-    view = initial.as_strided((layout.batch0, layout.batch1, layout.channels), (batch0, batch1, channels))
-    return view.reshape(plan.rows, layout.channels).to(plan.accumulator_dtype)
+    leaving = torch.empty_like(states)
+    linrec_forward_kernel[maps.grid()](
+        states, products, leaving, initial if initial is not None else states, states, states, states, states, states,
+        *maps.sizes(), 1, *maps.layout.strides[0], *maps.layout.strides[0], *maps.layout.strides[0], *initial_args,
+        REVERSE=scan_reverse, HAS_INITIAL=initial is not None, PACKED=False, LOG_COEFFS=False, AGGREGATE=False,
+        CARRY_IN=False, **maps.constants(),
+    )
+    return leaving
 
 
 def _packing(cu_seqlens: torch.Tensor | None, length: int, like: torch.Tensor):
@@ -217,9 +235,9 @@ def _initial_args(layout: Layout, initial: torch.Tensor | None, initial_sequence
 
 
 def _rescans(flags: torch.Tensor) -> bool:
-    """Whether to launch a rescan kernel: on a GPU always (its programs return at once where nothing is
-    flagged, and reading the flags would wait for the GPU); on the interpreter only where a flag is set,
-    since each of its programs costs host time there."""
+    """Whether to launch a split call's rescan kernel: on a GPU always (its programs return at once where
+    nothing is flagged, and reading the flags would wait for the GPU); on the interpreter only where a flag
+    is set, since each of its programs costs host time there."""
     return not interpreted() or bool(flags.any())
 
 
@@ -247,13 +265,13 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
     plan = _plan(layout, inputs.dtype, inputs.device, block_length, block_channels)
     cu_seqlens_arg, sequence = _packing(cu_seqlens, layout.length, inputs)
     placeholder = inputs  # a pointer for the arguments a specialization does not read
-    flags = plan.flags(inputs.device)
+    sequences = 1 if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    initial_args = _initial_args(layout, initial, initial_sequence)
 
-    def run(carries=placeholder, products=placeholder, aggregate=False, carry_in=False):
+    def run(carries=placeholder, products=placeholder, flags=placeholder, aggregate=False, carry_in=False):
         linrec_forward_kernel[plan.grid()](
             *planned, initial if initial is not None else placeholder, cu_seqlens_arg, sequence, carries, products,
-            flags, *plan.sizes(), *layout.strides[0], *layout.strides[1], *layout.strides[2],
-            *_initial_args(layout, initial, initial_sequence),
+            flags, *plan.sizes(), sequences, *layout.strides[0], *layout.strides[1], *layout.strides[2], *initial_args,
             REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
             AGGREGATE=aggregate, CARRY_IN=carry_in, **plan.constants(),
         )
@@ -262,17 +280,18 @@ def forward(inputs: torch.Tensor, coeffs: torch.Tensor, dim: int = -1, reverse: 
         if plan.segments == 1:
             run()
         else:
-            carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), reverse,
-                               _initial_state(plan, initial, packed), inputs.device)
-            run(carries, carry_in=True)
-        if _rescans(flags):
-            linrec_rescan_forward_kernel[plan.rescan_grid()](
-                *planned, initial if initial is not None else placeholder, cu_seqlens_arg, flags,
-                *plan.rescan_sizes(cu_seqlens), *layout.strides[0], *layout.strides[1], *layout.strides[2],
-                *_initial_args(layout, initial, initial_sequence),
-                REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
-                **plan.rescan_constants(),
-            )
+            unpacked_initial = initial if initial is not None and not packed else None
+            flags = plan.flags(inputs.device)
+            carries = _segment_states(plan, lambda states, products: run(states, products, flags, aggregate=True),
+                                      reverse, unpacked_initial, initial_args, inputs.device)
+            run(carries, flags=flags, carry_in=True)
+            if _rescans(flags):
+                linrec_rescan_forward_kernel[plan.rescan_grid()](
+                    *planned, initial if initial is not None else placeholder, cu_seqlens_arg, flags,
+                    *plan.rescan_sizes(sequences), *layout.strides[0], *layout.strides[1], *layout.strides[2],
+                    *initial_args, REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed,
+                    LOG_COEFFS=log_coeffs, **plan.rescan_constants(),
+                )
     _copy_back(planned, tensors)
     return outputs
 
@@ -319,15 +338,16 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
     layout, planned = _planned(shape, dim, tensors, "rrrwk" if sum_over_time else "rrrww", initial_strides)
     cu_seqlens_arg, sequence = _packing(cu_seqlens, layout.length, d_outputs)
     placeholder = d_outputs  # a pointer for the arguments a specialization does not read
-    flags = plan.flags(d_outputs.device)
+    sequences = 1 if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    initial_args = _initial_args(layout, initial, initial_sequence)
 
-    def run(carries=placeholder, products=placeholder, aggregate=False, carry_in=False):
+    def run(carries=placeholder, products=placeholder, flags=placeholder, aggregate=False, carry_in=False):
         linrec_backward_kernel[plan.grid()](
             *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, sequence, *planned[3:],
             d_initial if initial is not None else placeholder, carries, products, flags,
-            *plan.sizes(), sums.stride(0) if sum_over_time else 0,
-            *layout.strides[0], *layout.strides[1], *layout.strides[2],
-            *_initial_args(layout, initial, initial_sequence), *layout.strides[3], *layout.strides[4],
+            *plan.sizes(), sequences, sums.stride(0) if sum_over_time else 0,
+            *layout.strides[0], *layout.strides[1], *layout.strides[2], *initial_args,
+            *layout.strides[3], *layout.strides[4],
             REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
             SUM_COEFFS_OVER_TIME=sum_over_time, AGGREGATE=aggregate, CARRY_IN=carry_in, **plan.constants(),
         )
@@ -336,18 +356,19 @@ def backward(d_outputs: torch.Tensor, coeffs: torch.Tensor, outputs: torch.Tenso
         if plan.segments == 1:
             run()
         else:
-            carries = _carries(plan, lambda states, products: run(states, products, aggregate=True), not reverse,
-                               None, d_outputs.device)
-            run(carries, carry_in=True)
-        if _rescans(flags):
-            linrec_rescan_backward_kernel[plan.rescan_grid()](
-                *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, *planned[3:],
-                d_initial if initial is not None else placeholder, flags, *plan.rescan_sizes(cu_seqlens),
-                *layout.strides[0], *layout.strides[1], *layout.strides[2],
-                *_initial_args(layout, initial, initial_sequence), *layout.strides[3], *layout.strides[4],
-                REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
-                STORE_COEFFS=not sum_over_time, **plan.rescan_constants(),
-            )
+            flags = plan.flags(d_outputs.device)
+            carries = _segment_states(plan, lambda states, products: run(states, products, flags, aggregate=True),
+                                      not reverse, None, (0, 0, 0, 0), d_outputs.device)
+            run(carries, flags=flags, carry_in=True)
+            if _rescans(flags):
+                linrec_rescan_backward_kernel[plan.rescan_grid()](
+                    *planned[:3], initial if initial is not None else placeholder, cu_seqlens_arg, *planned[3:],
+                    d_initial if initial is not None else placeholder, flags, *plan.rescan_sizes(sequences),
+                    *layout.strides[0], *layout.strides[1], *layout.strides[2], *initial_args,
+                    *layout.strides[3], *layout.strides[4],
+                    REVERSE=reverse, HAS_INITIAL=initial is not None, PACKED=packed, LOG_COEFFS=log_coeffs,
+                    STORE_COEFFS=not sum_over_time, **plan.rescan_constants(),
+                )
     _copy_back(planned, tensors)
     if sums is not d_coeffs:
         per_element = sums.sum(0) if sum_over_time else sums  # summed over segments
