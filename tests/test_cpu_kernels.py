@@ -1,6 +1,7 @@
 """The CPU kernels at the edges of their vector lanes, blocks and threads, on the CPU only.
 
-- Lane remainders: every length 1..70 of time-contiguous rows and every channel count 1..70 of the
+- Lane remainders: every length 1..70 of time-contiguous rows (under 16 steps the plain recurrence
+  runs them, or the channel kernels a single step: launch.h) and every channel count 1..70 of the
   (batch, time, channels) layout, for every dtype, direction, coefficient layout, with and without an
   initial state and log coefficients.
 - Long sequences across the block and thread boundaries a sequence may be split at, packed or not.
@@ -473,13 +474,18 @@ def test_nonfinite_first_coefficient_takes_no_part(seed, layout, length, reverse
             check_one(dtype, label, inputs, finite, None, d_outputs, actual=actual, **options)
 
 
+#: Packings of sequences of 1, 15, 16, 17 and 33 steps: time last, the first runs on the rows kernels (70
+#: steps beside them make 16 or more on average), the second on the plain recurrence (fewer).
+NONFINITE_PACKINGS = [[16, 1, 33, 15, 17, 1, 70], [16, 1, 33, 15, 17, 1]]
+
+
 @pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("lengths", NONFINITE_PACKINGS, ids=str)
 @pytest.mark.parametrize("layout", ["time_last", "channels"])
-def test_nonfinite_first_coefficients_of_packed_sequences_take_no_part(seed, layout, reverse):
+def test_nonfinite_first_coefficients_of_packed_sequences_take_no_part(seed, layout, lengths, reverse):
     """cu_seqlens packing sequences of lengths 1, 15, 16, 17 and 33, each with a non-finite coefficient at
     its first step, no initial state: outputs and gradients finite and equal to the reference with
     finite coefficients there, and those coefficients' gradients exactly 0."""
-    lengths = [16, 1, 33, 15, 17, 1]
     bounds = torch.tensor([0, *lengths]).cumsum(0)
     offsets = bounds.to(torch.int32)
     firsts = (bounds[1:] - 1 if reverse else bounds[:-1]).tolist()

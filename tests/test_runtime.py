@@ -70,6 +70,15 @@ def test_an_older_torch_is_refused_at_import():
     assert "stable ABI of torch 2.10" in message and "found torch 2.9.1+cpu" in message
 
 
+def test_import_loads_neither_dynamo_nor_triton():
+    """torch._dynamo and triton, slow to import, are imported where a feature needs them (torch.compile, the
+    Triton backend): import linrec takes neither."""
+    code = "import sys, linrec; print([name for name in ('torch._dynamo', 'triton') if name in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_info_prints_the_build_and_the_runtime():
     result = subprocess.run([sys.executable, "-m", "linrec", "info"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

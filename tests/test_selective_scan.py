@@ -448,6 +448,19 @@ def test_compile_fullgraph(device, seed, complex_A):
         assert_matches(got, want.cpu(), got.dtype, f"d_{name}")
 
 
+def test_compile_reads_the_deterministic_setting_once():
+    """Whether the fused backward must sum in a fixed order is read as a constant at tracing: the check carries
+    torch.compiler.assume_constant_result's mark (set without that function, which imports torch._dynamo), and
+    fullgraph tracing, which cannot put the warn_only flag into a graph, takes it."""
+    from linrec._core.selective_scan import _reproducible_sums_required
+
+    marked = torch.compiler.assume_constant_result(lambda: None)
+    assert vars(marked).items() <= vars(_reproducible_sums_required).items()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x + _reproducible_sums_required(), fullgraph=True, backend="eager")
+    assert compiled(torch.zeros(())) == int(_reproducible_sums_required())
+
+
 @pytest.mark.parametrize("complex_A", [False, True], ids=["real-A", "complex-A"])
 def test_export(device, seed, complex_A):
     """torch.export captures the call (packed, with initial and last states) as one graph around the fused

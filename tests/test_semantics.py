@@ -194,6 +194,39 @@ def test_gradients_at_every_length(device, seed, length, layout, coeffs_kind):
     check(inputs, coeffs, device, dim=dim, reverse=True)
 
 
+#: (inputs' shape for sequences of `length` steps, dim, packed): 37 sequences in each layout.
+SHORT_LAYOUTS = {
+    "time_last": (lambda length: (37, length), -1, False),
+    "time_first": (lambda length: (length, 37), 0, False),
+    "batch_time_channels": (lambda length: (2, length, 19), 1, False),
+    "packed_time_last": (lambda length: (1, 37 * length), -1, True),
+    "packed_batch_time_channels": (lambda length: (1, 37 * length, 3), 1, True),
+}
+
+
+@pytest.mark.parametrize("length", [0, 1, 2])
+@pytest.mark.parametrize("layout", SHORT_LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_sequences_on_every_layout(device, seed, dtype, layout, length):
+    """Many sequences of 0, 1 or 2 steps in every layout (packed: 37 sequences of that length), with an
+    infinite input and a NaN coefficient among them, from an initial state or none, in both directions:
+    outputs and gradients follow the loop."""
+    shape_of, dim, packed = SHORT_LAYOUTS[layout]
+    shape = shape_of(length)
+    inputs, coeffs = random_values(shape, dtype), uniform(shape, -1.0, 1.0, dtype)
+    if inputs.numel() > 0:
+        inputs.view(-1)[inputs.numel() // 3] = float("inf")
+        coeffs.view(-1)[-1] = float("nan")
+    cu_seqlens = torch.arange(38, dtype=torch.int32) * length if packed else None
+    state_shape = [size for d, size in enumerate(shape) if d != dim % len(shape)]
+    if packed:
+        state_shape[0] = 37
+    for reverse in (False, True):
+        check(inputs, coeffs, device, dim=dim, reverse=reverse, cu_seqlens=cu_seqlens)
+        check(inputs, coeffs, device, dim=dim, reverse=reverse, cu_seqlens=cu_seqlens,
+              initial=random_values(state_shape, dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_exact_zero_and_one(device, seed, dtype):
     """Coefficients exactly 0 (resets) and 1 (running sums), and infinite and NaN states around them."""

@@ -1,12 +1,14 @@
 // The CPU ops' launch layer: which kernel family runs a call, and how its sequences spread over the
-// intra-op pool. Each call picks one of three families by layout:
-//   rows:       time contiguous (time last): a vector holds consecutive steps of one sequence
-//               (cpu/row_scan.h); sequences spread over the intra-op pool, or, when there are fewer
-//               than threads, each split across it (cpu/blocked_sequence.h).
-//   channels:   time strided, neighbouring sequences adjacent (time in the middle): a vector holds
-//               neighbouring sequences (cpu/channel_scan.h).
-//   sequential: anything else, and complex types: the plain recurrence over strided operands,
-//               several sequences in lockstep per thread (sequential_scan.h).
+// intra-op pool. Each call picks one of three families by layout and sequence length:
+//   rows:       time contiguous (time last), sequences of kShortSequenceSteps steps or more on
+//               average: a vector holds consecutive steps of one sequence (cpu/row_scan.h);
+//               sequences spread over the intra-op pool, or, when there are fewer than threads, each
+//               split across it (cpu/blocked_sequence.h).
+//   channels:   time strided (time in the middle), or a single step, with neighbouring sequences
+//               adjacent: a vector holds neighbouring sequences (cpu/channel_scan.h).
+//   sequential: anything else, complex types, and shorter time-contiguous sequences: the plain
+//               recurrence over strided operands, several sequences in lockstep per thread
+//               (sequential_scan.h).
 // The vector kernels run on the widest instruction set the CPU has (cpu/isa.h). Every family reads
 // coeffs and initial, and writes their gradients, in their own element type C: the inputs' T, or
 // float32 beside 16-bit inputs (mixed precision: params.h's coeff_dtype). The forward (forward.cpp)
@@ -48,6 +50,17 @@ constexpr int64_t kGrainElements = 1 << 15;
 // (40 streams) ran slower than 4, likely past what the hardware prefetchers track.
 constexpr int kLanes = 4;
 
+// What starting a sequence costs the sequential family, in the steps that cost as much (float32: about
+// 3 ns for its pointers and state, the time of 4 steps backward and 9 forward). A task's grain counts
+// it, so that thousands of short sequences spread over the pool.
+constexpr int64_t kSequenceSetupSteps = 8;
+
+// Time-contiguous sequences shorter than this on average take the sequential family. The rows kernels
+// spend a partial vector and its window scan on each sequence, about 12 ns before any step (float32,
+// AVX-512 or AVX2), where 4 plain recurrences in lockstep spend about 3 ns; below 16 steps the plain
+// recurrence took less time forward and backward (docs/design.md, CPU kernel).
+constexpr int64_t kShortSequenceSteps = 16;
+
 enum class Family { Rows, Channels, Sequential };
 
 inline bool is_real(DType dtype) { return dtype != DType::Complex64 && dtype != DType::Complex128; }
@@ -62,14 +75,17 @@ inline Family family_of(const SequenceLayout& layout, std::initializer_list<cons
   const auto all_of = [](auto operands, auto predicate) {
     return std::all_of(operands.begin(), operands.end(), [&](const Operand* o) { return o->data == nullptr || predicate(o); });
   };
-  if (all_of(read, [](const Operand* o) { return unit_or_broadcast(o->time_stride); }) &&
-      all_of(written, [](const Operand* o) { return o->time_stride == 1; }))
-    return Family::Rows;
+  const bool time_contiguous = all_of(read, [](const Operand* o) { return unit_or_broadcast(o->time_stride); }) &&
+                               all_of(written, [](const Operand* o) { return o->time_stride == 1; });
   const int inner = layout.shape.num_dims - 1;
-  if (inner >= 0 && all_of(read, [&](const Operand* o) { return unit_or_broadcast(o->strides[inner]); }) &&
+  const bool sequences_adjacent =
+      inner >= 0 && all_of(read, [&](const Operand* o) { return unit_or_broadcast(o->strides[inner]); }) &&
       all_of(written, [&](const Operand* o) { return o->strides[inner] == 1; }) &&
-      all_of(states, [&](const Operand* o) { return o->strides[inner] == 1; }))
-    return Family::Channels;
+      all_of(states, [&](const Operand* o) { return o->strides[inner] == 1; });
+  // A single step counts as time-contiguous (ops.h); where sequences are adjacent, a vector then
+  // holds neighbouring sequences rather than one step of one.
+  if (sequences_adjacent && (!time_contiguous || layout.seq_len == 1)) return Family::Channels;
+  if (time_contiguous && layout.seq_len >= kShortSequenceSteps * layout.num_segments) return Family::Rows;
   return Family::Sequential;
 }
 
@@ -136,8 +152,8 @@ auto row_pointers(const BatchShape& shape, int64_t row, const Operand* const (&v
 template <typename Scan>
 void for_each_sequence_group(const SequenceLayout& layout, const Scan& scan) {
   const int64_t rows = layout.num_rows();
-  const int64_t average_length = std::max<int64_t>(1, layout.seq_len / layout.num_segments);
-  const int64_t grain = std::max<int64_t>(kLanes, kGrainElements / average_length);
+  const int64_t steps_per_sequence = layout.seq_len / layout.num_segments + kSequenceSetupSteps;
+  const int64_t grain = std::max<int64_t>(kLanes, kGrainElements / steps_per_sequence);
   torch::stable::parallel_for(0, rows * layout.num_segments, grain, [&](int64_t begin, int64_t end) {
     int64_t sequence = begin;
     while (sequence < end) {

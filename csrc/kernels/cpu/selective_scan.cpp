@@ -32,7 +32,9 @@ void dispatch_values(const ForwardParams& params, Body&& body) {
 void forward_cpu(const ForwardParams& params, const Tensor&) {
   dispatch_values(params, [&]<typename T, typename S>() {
     torch::stable::parallel_for(0, params.batch * params.d, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) sequential::forward_row<T, S>(params, row / params.d, row % params.d);
+      sequential::ForwardBuffers<T, S> buffers(params);
+      for (int64_t row = begin; row < end; ++row)
+        sequential::forward_row<T, S>(params, row / params.d, row % params.d, buffers);
     });
   });
 }
@@ -49,9 +51,10 @@ void backward_cpu(const BackwardParams& params, const Tensor&) {
   const int64_t channels = channels_per_task(params), tasks_per_row = params.d / channels;
   dispatch_values(params, [&]<typename T, typename S>() {
     torch::stable::parallel_for(0, params.batch * tasks_per_row, 1, [&](int64_t begin, int64_t end) {
+      sequential::BackwardBuffers<T, S> buffers(params);
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / tasks_per_row, first = task % tasks_per_row * channels;
-        for (int64_t k = first; k < first + channels; ++k) sequential::backward_row<T, S>(params, b, k);
+        for (int64_t k = first; k < first + channels; ++k) sequential::backward_row<T, S>(params, b, k, buffers);
       }
     });
   });

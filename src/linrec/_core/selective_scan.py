@@ -139,10 +139,15 @@ torch.library.register_autograd("linrec::selective_scan_backward", _no_second_de
                                 setup_context=_backward_setup)
 
 
-@torch.compiler.assume_constant_result
 def _reproducible_sums_required() -> bool:
     """torch.use_deterministic_algorithms(True) without warn_only; torch.compile reads it once, at tracing."""
     return torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+# What torch.compiler.assume_constant_result sets (Dynamo cannot trace the warn_only flag into a graph), set
+# here: that function imports torch._dynamo, which would add 1-2 s to ``import linrec``. A test holds the mark
+# to the one torch.compiler.assume_constant_result gives.
+_reproducible_sums_required._dynamo_marked_constant = True
 
 
 def runs_fused(backend: str, device: torch.device, sums_in_fixed_order: bool) -> bool:

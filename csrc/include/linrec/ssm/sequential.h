@@ -5,8 +5,11 @@
 // per-step values (dt, dt u, the gate, the output and their gradients) are formed once per step, not
 // per state dim. Complex gradients follow PyTorch's convention (d Re + i d Im of a real loss): where a
 // value multiplies a complex one, its gradient takes the other's conjugate. The backward recomputes
-// each chunk's states from the checkpoint before it, keeping the chunk's states and decays (2 x kChunk
-// x n values per task), and walks each state dim's adjoint backwards. Host-only; the op layer
+// each chunk's states from the checkpoint before it, keeping the chunk's states and decays, and walks
+// each state dim's adjoint backwards. A task's buffers hold one chunk (kChunk steps, or the whole
+// length where shorter) and serve all its rows, so that a short call costs its steps: buffers of
+// kChunk steps allocated and zeroed for each row made a call of 512 channels at n = 16 cost about as
+// much at 1 step as at 256 (docs/design.md, Fused selective scan). Host-only; the op layer
 // (cpu/selective_scan.cpp) spreads the tasks over the intra-op pool.
 #pragma once
 
@@ -58,17 +61,23 @@ struct Row {
   S initial(int64_t s, int64_t j) const { return p.initial ? static_cast<const S*>(p.initial)[state_index(s, j)] : S(0); }
 };
 
+// The steps a chunk holds at most in a call of `length` steps.
+inline int64_t chunk_capacity(int64_t length) { return std::min(kChunk, length); }
+
 // The per-step values of one row's chunk [begin, end), formed once for all its state dims: the step
 // size, its product with u, and each step's sequence, with whether the step starts or ends it.
+// `capacity` steps at most; also the stride of the per-step buffers kept for each state dim.
 template <typename T, typename S>
 struct ChunkSteps {
   using R = real_t<S>;
-  int64_t begin = 0, count = 0;
+  int64_t capacity, begin = 0, count = 0;
   std::vector<R> u, dt, dtu;
   std::vector<int64_t> sequence;
   std::vector<uint8_t> starts, ends;
 
-  ChunkSteps() : u(kChunk), dt(kChunk), dtu(kChunk), sequence(kChunk), starts(kChunk), ends(kChunk) {}
+  explicit ChunkSteps(int64_t capacity_)
+      : capacity(capacity_), u(capacity_), dt(capacity_), dtu(capacity_), sequence(capacity_), starts(capacity_),
+        ends(capacity_) {}
 
   void load(const Row<T, S>& r, int64_t begin_, int64_t end) {
     const ForwardParams& p = r.p;
@@ -116,47 +125,61 @@ void decays_of(const real_t<S>* dt, S A, int64_t count, S* decays) {
 }
 
 // Runs state dims [j, j + G) over the chunk, each from its `state` (the state before the chunk, then
-// after it), with the decays of its steps (decays + g * kChunk): states[g * kChunk + i] is dim j + g's
-// state after step i; a step that starts a sequence starts from its initial state. The G dims' chains
-// of dependent multiply-adds interleave, so that one's latency hides behind the others'.
+// after it), with the decays of its steps (decays + g * capacity, capacity = steps.capacity):
+// states[g * capacity + i] is dim j + g's state after step i; a step that starts a sequence starts
+// from its initial state. The G dims' chains of dependent multiply-adds interleave, so that one's
+// latency hides behind the others'.
 template <int G, typename T, typename S>
 void scan_state_dims(const Row<T, S>& r, const ChunkSteps<T, S>& steps, int64_t j, const S* decays, S* state,
                      S* states) {
+  const int64_t capacity = steps.capacity;
   S x[G];
   for (int g = 0; g < G; ++g) x[g] = state[g];
   for (int64_t i = 0; i < steps.count; ++i) {
     const int64_t t = steps.begin + i;
     for (int g = 0; g < G; ++g) {
       const S before = steps.starts[i] ? r.initial(steps.sequence[i], j + g) : x[g];
-      x[g] = decays[g * kChunk + i] * before + steps.dtu[i] * r.B(j + g, t);
-      states[g * kChunk + i] = x[g];
+      x[g] = decays[g * capacity + i] * before + steps.dtu[i] * r.B(j + g, t);
+      states[g * capacity + i] = x[g];
     }
   }
   for (int g = 0; g < G; ++g) state[g] = x[g];
 }
 
 // Runs every state dim over the chunk (scan_state_dims), in groups of kInterleaved dims and the rest
-// one by one: states and decays are [state dim][step], `carried` holds each dim's state before the
-// chunk and after it.
+// one by one: states and decays are [state dim][step] (steps.capacity steps per dim), `carried` holds
+// each dim's state before the chunk and after it.
 constexpr int kInterleaved = 4;
 template <typename T, typename S>
 void scan_chunk(const Row<T, S>& r, const ChunkSteps<T, S>& steps, S* carried, S* decays, S* states) {
-  const int64_t n = r.p.n;
-  for (int64_t j = 0; j < n; ++j) decays_of(steps.dt.data(), r.A(j), steps.count, decays + j * kChunk);
+  const int64_t n = r.p.n, capacity = steps.capacity;
+  for (int64_t j = 0; j < n; ++j) decays_of(steps.dt.data(), r.A(j), steps.count, decays + j * capacity);
   int64_t j = 0;
   for (; j + kInterleaved <= n; j += kInterleaved)
-    scan_state_dims<kInterleaved>(r, steps, j, decays + j * kChunk, carried + j, states + j * kChunk);
-  for (; j < n; ++j) scan_state_dims<1>(r, steps, j, decays + j * kChunk, carried + j, states + j * kChunk);
+    scan_state_dims<kInterleaved>(r, steps, j, decays + j * capacity, carried + j, states + j * capacity);
+  for (; j < n; ++j) scan_state_dims<1>(r, steps, j, decays + j * capacity, carried + j, states + j * capacity);
 }
 
+// The buffers of one forward task, for each of its rows in turn: each chunk's steps, each dim's state
+// before and after the chunk, the chunk's states after each step and decays of each step ([state
+// dim][step]), and each step's sum over the state dims.
 template <typename T, typename S>
-void forward_row(const ForwardParams& p, int64_t b, int64_t k) {
+struct ForwardBuffers {
+  ChunkSteps<T, S> steps;
+  std::vector<S> carried, decays, states, sums;
+
+  explicit ForwardBuffers(const ForwardParams& p)
+      : steps(chunk_capacity(p.length)), carried(p.n), decays(steps.capacity * p.n), states(steps.capacity * p.n),
+        sums(steps.capacity) {}
+};
+
+template <typename T, typename S>
+void forward_row(const ForwardParams& p, int64_t b, int64_t k, ForwardBuffers<T, S>& buffers) {
   using R = real_t<S>;
   const Row<T, S> r(p, b, k);
-  const int64_t n = p.n;
-  // The chunk's states after each step and decays of each step, [state dim][step].
-  std::vector<S> carried(n, S(0)), decays(kChunk * n), states(kChunk * n), sums(kChunk);
-  ChunkSteps<T, S> steps;
+  const int64_t n = p.n, capacity = buffers.steps.capacity;
+  auto& [steps, carried, decays, states, sums] = buffers;
+  std::fill(carried.begin(), carried.end(), S(0));
   S* checkpoints = static_cast<S*>(p.checkpoints) + r.row * chunks_of(p.length) * n;
   S* last_state = static_cast<S*>(p.last_state);
   const R D = r.per_channel(p.D);
@@ -166,7 +189,7 @@ void forward_row(const ForwardParams& p, int64_t b, int64_t k) {
     scan_chunk(r, steps, carried.data(), decays.data(), states.data());
     std::fill(sums.begin(), sums.begin() + steps.count, S(0));
     for (int64_t j = 0; j < n; ++j) {
-      const S* x = states.data() + j * kChunk;
+      const S* x = states.data() + j * capacity;
       for (int64_t i = 0; i < steps.count; ++i) {
         sums[i] += r.C(j, begin + i) * x[i];
         if (steps.ends[i]) last_state[r.state_index(steps.sequence[i], j)] = x[i];
@@ -184,19 +207,34 @@ void forward_row(const ForwardParams& p, int64_t b, int64_t k) {
   });
 }
 
+// The buffers of one backward task, for each of its rows in turn: each chunk's steps, its recomputed
+// states and decays ([state dim][step]) and their sums over the state dims, the states it is
+// recomputed from, what each dim's adjoint passes back from its first step (conj(decay) * adjoint), a
+// row's gradients of A and of fixed B and C per dim, and the per-step gradients of the output sum, u
+// and the step size.
+template <typename T, typename S>
+struct BackwardBuffers {
+  using R = real_t<S>;
+  ChunkSteps<T, S> steps;
+  std::vector<S> states, decays, sums, recomputed, carried, d_A, d_B_fixed, d_C_fixed;
+  std::vector<R> d_sum, d_u, d_dt;
+
+  explicit BackwardBuffers(const BackwardParams& p)
+      : steps(chunk_capacity(p.length)), states(steps.capacity * p.n), decays(steps.capacity * p.n),
+        sums(steps.capacity), recomputed(p.n), carried(p.n), d_A(p.n), d_B_fixed(p.n), d_C_fixed(p.n),
+        d_sum(steps.capacity), d_u(steps.capacity), d_dt(steps.capacity) {}
+};
+
 // Adds the contributions of one row to every gradient. Varying d_B and d_C are shared by the
 // channels of a group: the caller runs the rows of a group one after another.
 template <typename T, typename S>
-void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
+void backward_row(const BackwardParams& p, int64_t b, int64_t k, BackwardBuffers<T, S>& buffers) {
   using R = real_t<S>;
   const Row<T, S> r(p, b, k);
-  const int64_t n = p.n, chunks = chunks_of(p.length);
-  // The chunk's states after each step and decays of each step, [state dim][step].
-  std::vector<S> states(kChunk * n), decays(kChunk * n), sums(kChunk), recomputed(n);
-  std::vector<S> carried(n, S(0));  // conj(decay) * adjoint of the chunk's first step: what it passes back
-  std::vector<S> d_A(n, S(0)), d_B_fixed(n, S(0)), d_C_fixed(n, S(0));
-  std::vector<R> d_sum(kChunk), d_u(kChunk), d_dt(kChunk);
-  ChunkSteps<T, S> steps;
+  const int64_t n = p.n, chunks = chunks_of(p.length), capacity = buffers.steps.capacity;
+  auto& [steps, states, decays, sums, recomputed, carried, d_A, d_B_fixed, d_C_fixed, d_sum, d_u, d_dt] = buffers;
+  for (std::vector<S>* zeroed : {&carried, &d_A, &d_B_fixed, &d_C_fixed})
+    std::fill(zeroed->begin(), zeroed->end(), S(0));
   S* d_B = static_cast<S*>(p.d_B);
   S* d_C = static_cast<S*>(p.d_C);
   R d_D = 0, d_delta_bias = 0;
@@ -214,7 +252,7 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
     scan_chunk(r, steps, recomputed.data(), decays.data(), states.data());
     std::fill(sums.begin(), sums.begin() + count, S(0));
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = 0; i < count; ++i) sums[i] += r.C(j, begin + i) * states[j * kChunk + i];
+      for (int64_t i = 0; i < count; ++i) sums[i] += r.C(j, begin + i) * states[j * capacity + i];
     // The per-step gradients that come before the state dims': the gate's, D's and the output sum's.
     for (int64_t i = 0; i < count; ++i) {
       const int64_t t = begin + i;
@@ -232,8 +270,8 @@ void backward_row(const BackwardParams& p, int64_t b, int64_t k) {
     }
     for (int64_t j = 0; j < n; ++j) {
       const S A = r.A(j);
-      const S* x = states.data() + j * kChunk;
-      const S* a_of = decays.data() + j * kChunk;
+      const S* x = states.data() + j * capacity;
+      const S* a_of = decays.data() + j * capacity;
       S passed = carried[j];
       for (int64_t i = count - 1; i >= 0; --i) {
         const int64_t t = begin + i, s = steps.sequence[i];
