@@ -2,6 +2,11 @@
 
     python -m linrec bench [--device cpu|cuda] [--dtypes float32,bfloat16] [--out bench-results]
                            [--tables time-last,layouts,derivatives,selective-scan]
+    python -m linrec bench --suite guard [--quick] [--out FILE.csv] [--compare BASELINE.csv ...]
+
+The second form runs the benchmark guard (guard.py): a fixed grid over every kernel family and path,
+compared with baselines to flag regressions; its --help lists its options. What follows describes the
+first form's tables.
 
 Prints GB/s of every implementation and its ratio to torch.add measured in the same process (on a GPU
 with triton installed, the Triton kernels as "triton" beside the compiled ones as "linrec"), and
@@ -41,6 +46,8 @@ from .._version import __version__
 from ..reference import REFERENCES
 from ..scan import linrec
 from ..ssm import selective_scan
+from . import guard
+from .guard import packed_offsets
 
 #: (number of sequences, sequence length), time last. GPU shapes: 100 sequences per SM, and a few long ones.
 #: CPU: one long row too, which the kernels split across threads.
@@ -98,18 +105,6 @@ def layout_cases(device: torch.device) -> list[LayoutCase]:
         LayoutCase("few-long", (64, 1 << 18), -1),
         LayoutCase("many-rows", (sequences, 4096), -1),
     ]
-
-
-def packed_offsets(length: int, sequences: int, empty: bool = False, seed: int = 0) -> torch.Tensor:
-    """int32 cu_seqlens of ``sequences`` sequences of random unequal lengths that fill ``length``, the same
-    on every run; with ``empty``, one of them is empty."""
-    if not 1 + empty <= sequences <= length + empty:
-        raise ValueError(f"cannot pack {sequences} sequences{' (one empty)' if empty else ''} into {length}")
-    generator = torch.Generator().manual_seed(seed)
-    cuts = torch.randperm(length - 1, generator=generator)[: sequences - 1 - empty] + 1
-    if empty:
-        cuts = torch.cat([cuts, cuts[:1]])  # a repeated offset: an empty sequence
-    return torch.cat([torch.zeros(1, dtype=cuts.dtype), cuts.sort().values, torch.tensor([length])]).to(torch.int32)
 
 
 def measure_layouts(device: torch.device, dtypes: Iterable[torch.dtype], progress,
@@ -516,8 +511,22 @@ def write_outputs(rows: list[dict], out_dir: Path, device: torch.device) -> None
 TABLES = ("time-last", "layouts", "derivatives", "selective-scan")
 
 
+#: What main() runs: the tables below, or the benchmark guard (guard.py), which parses its own options.
+SUITES = ("tables", "guard")
+
+
 def main(argv: list[str] | None = None) -> None:
+    suite_parser = argparse.ArgumentParser(add_help=False)
+    suite_parser.add_argument("--suite", choices=SUITES, default="tables")
+    suite, rest = suite_parser.parse_known_args(argv)
+    if suite.suite == "guard":
+        status = guard.main(rest)
+        if status:
+            raise SystemExit(status)
+        return
     parser = argparse.ArgumentParser(prog="python -m linrec bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", choices=SUITES, default="tables",
+                        help="tables (default), or guard: the benchmark guard, whose options --suite guard --help lists")
     default_device = "cuda" if torch.cuda.is_available() and HAS_CUDA_KERNELS else "cpu"
     parser.add_argument("--device", default=default_device, help=f"cpu or cuda (default: {default_device})")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
