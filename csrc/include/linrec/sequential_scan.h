@@ -13,6 +13,19 @@
 
 namespace linrec {
 
+// Whether a scan of one sequence of T on the host may stop at its first NaN state and fill the rest:
+// a NaN state stays NaN at every later step (c * NaN + x is NaN), forward and backward, so the loop
+// need not run on. Real types only (a complex state with one NaN part takes a step to turn whole),
+// and on the host only: the device rescans are left as they are until a parallel path replaces them.
+template <int Lanes, typename T>
+LINREC_HOST_DEVICE constexpr bool stops_at_nan() {
+#if defined(__CUDA_ARCH__)
+  return false;
+#else
+  return Lanes == 1 && !is_complex<accumulator_t<T>>::value;
+#endif
+}
+
 // Scans packed sequence `segment` of Lanes batch rows in lockstep: their recurrences are independent,
 // so interleaving them hides the latency of each step's multiply-add (the CPU kernel's inner loop).
 // LogCoeffs is a template argument so that the loop neither branches on it nor calls exp per element
@@ -47,6 +60,15 @@ LINREC_HOST_DEVICE void sequential_scan_forward_impl(const ForwardParams& params
       // reach the outputs).
       state[k] = n == 0 && !has_initial ? input : coeff * state[k] + input;
       if (n >= from_step) outputs[k][t * params.outputs.time_stride] = static_cast<T>(state[k]);
+    }
+    if constexpr (stops_at_nan<Lanes, T>()) {
+      if (state[0] != state[0]) {  // every later output is NaN: an all-NaN row costs a fill
+        const T nan = static_cast<T>(state[0]);
+        for (int64_t rest = n + 1 > from_step ? n + 1 : from_step, u = first + rest * step; rest < end - begin;
+             ++rest, u += step)
+          outputs[0][u * params.outputs.time_stride] = nan;
+        return;
+      }
     }
   }
 }
@@ -101,6 +123,22 @@ LINREC_HOST_DEVICE void sequential_scan_backward_impl(const BackwardParams& para
       // A summed d_coeffs (the CUDA kernels' broadcast coefficients) is added into by the parallel
       // kernels alone: a rescan leaves it as they left it.
       if (!params.sum_d_coeffs) d_coeffs[k][t * params.d_coeffs.time_stride] = static_cast<C>(d_coeff);
+    }
+    if constexpr (stops_at_nan<Lanes, T>()) {
+      // Every later gradient is NaN, but the forward's first step's d_coeffs without an initial state
+      // (0), and d_initial is NaN.
+      if (d_state[0] != d_state[0] && n + 1 < length) {
+        const T nan = static_cast<T>(d_state[0]);
+        for (int64_t rest = n + 1 > from_step ? n + 1 : from_step, u = last + rest * step; rest < length;
+             ++rest, u += step) {
+          d_inputs[0][u * params.d_inputs.time_stride] = nan;
+          const bool gradient = rest + 1 < length || has_initial;
+          if (!params.sum_d_coeffs)
+            d_coeffs[0][u * params.d_coeffs.time_stride] = static_cast<C>(gradient ? d_state[0] : Acc(0));
+        }
+        if (has_initial) *d_initial[0] = static_cast<C>(d_state[0]);
+        return;
+      }
     }
   }
   if (has_initial)
