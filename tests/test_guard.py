@@ -41,7 +41,7 @@ def fast_measurement(monkeypatch):
 
 
 def test_small_grid_measures_every_row_and_skips_a_missing_api(fast_measurement, tmp_path):
-    rows = guard.measure(SMALL_GRID, CPU, 2, guard.device_timers(CPU), log=lambda text: None)
+    rows = guard.measure(SMALL_GRID, CPU, guard.device_timers(CPU), range(2), 2, log=lambda text: None)
     assert [(row.name, row.mode) for row in rows] == [(case.name, mode) for case in SMALL_GRID for mode in case.modes]
     assert {row.mode for row in rows if row.name == "time-last"} == {"ops-fwd", "ops-bwd", "api-fwd", "api-bwd"}
     for row in rows:
@@ -131,6 +131,12 @@ def test_main_compares_remeasures_slower_rows_and_fails_only_when_asked(fast_mea
                                                                         capsys):
     grid = [guard.ScanCase(name="time-last", shape=(4, 64)), guard.ScanCase(name="tiny", shape=(1, 8), per_call=True)]
     monkeypatch.setattr(guard, "cpu_cases", lambda: grid)
+
+    def measure_here(device, quick, threads, repeats, only=None):  # in this process, which has the grid above
+        return guard.measure(guard.grid(device, quick), device, guard.device_timers(device), range(repeats), repeats,
+                             only)
+
+    monkeypatch.setattr(guard, "measure_in_processes", measure_here)
     first = tmp_path / "first.csv"
     assert guard.main(["--device", "cpu", "--repeats", "1", "--out", str(first)]) == 0
     comments, lines = guard.read_rows(first)
@@ -157,6 +163,15 @@ def test_main_compares_remeasures_slower_rows_and_fails_only_when_asked(fast_mea
     repeats = {line["mode"]: line["repeats"] for line in guard.read_rows(second)[1] if line["name"] == "time-last"}
     assert repeats == {"ops-fwd": str(guard.REMEASURE_REPEATS), "ops-bwd": "1", "api-fwd": "1", "api-bwd": "1"}
     assert guard.main(arguments) == 0
+
+
+def test_repeats_run_in_worker_processes(capfd):
+    """A worker process measures one row of the quick grid on this process's linrec; each repeat is a worker."""
+    key = ("cpu", "tiny", "float32", "ops-fwd", "1x8")
+    rows = guard.measure_in_processes(CPU, quick=True, threads=1, repeats=2, only={key})
+    assert [row.key for row in rows] == [key] and len(rows[0].samples) == 2 and rows[0].note == ""
+    printed = capfd.readouterr().out  # the workers' output, on this process's file descriptor
+    assert "repeat 1/2" in printed and "repeat 2/2" in printed
 
 
 def test_bench_runs_the_guard_with_its_options(monkeypatch):

@@ -26,13 +26,16 @@ import csv
 import functools
 import gc
 import importlib.util
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -343,7 +346,7 @@ def cpu_cases() -> list[Case]:
         *_in((F32,), name="packed-64", shape=(1, 1 << 20), sequences=64),
         *family_cases(rows, btc),
         GaeCase(name="gae", shape=(2048, 1024), quick=True),
-        *selective_scan_cases(2, 64, 512),
+        *selective_scan_cases(2, 128, 1024),
         *tiny_cases(),
     ]
 
@@ -470,7 +473,7 @@ def busy_limit() -> float:
 class CoreUse:
     """The share of the machine's cores that other processes kept busy since this was made: the machine's
     busy time (Linux's /proc/stat, steal by other virtual machines included) less this process's own CPU
-    time, over the wall time and the cores. None where /proc/stat is missing. On a busy CPU every
+    time and its workers', over the wall time and the cores. None where /proc/stat is missing. On a busy CPU every
     parallel op waits for a thread the scheduler runs up to a time slice late, which can take a 0.1 ms
     call to 10 ms: this tells a run measured on a quiet machine from one that was not."""
 
@@ -479,14 +482,15 @@ class CoreUse:
 
     @staticmethod
     def sample() -> tuple[float, float, float] | None:
-        """(wall seconds, the machine's busy CPU seconds, this process's CPU seconds)."""
+        """(wall seconds, the machine's busy CPU seconds, the CPU seconds of this process and its finished
+        children: the workers)."""
         stat = Path("/proc/stat")
         if not stat.exists():
             return None
         # user nice system idle iowait irq softirq steal, in clock ticks
         ticks = [int(value) for value in stat.read_text().split("\n", 1)[0].split()[1:9]]
         busy_s = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-        return time.perf_counter(), busy_s, sum(os.times()[:2])
+        return time.perf_counter(), busy_s, sum(os.times()[:4])
 
     def others(self) -> float | None:
         end = self.sample()
@@ -602,11 +606,11 @@ def measure_undisturbed(case: Case, modes: Sequence[str], device: torch.device, 
     return samples, skipped, retries
 
 
-def measure(cases: Sequence[Case], device: torch.device, repeats: int, timers: Timers,
+def measure(cases: Sequence[Case], device: torch.device, timers: Timers, repeats: range, total: int,
             only: set[tuple[str, ...]] | None = None, log: Callable[[str], None] = print) -> list[Row]:
-    """Rows of every case's modes (those of keys in ``only`` when given), each measured ``repeats`` times.
-    Each repeat runs through the whole grid, in reverse order every other time, so that a slow phase of
-    the machine reaches many rows once rather than one row in every repeat."""
+    """Rows of every case's modes (those of keys in ``only`` when given), measured in the ``repeats`` of
+    ``total`` (indices from 0). Each repeat runs through the whole grid, the odd ones in reverse order, so
+    that a slow phase of the machine reaches many rows once rather than one row in every repeat."""
     rows: dict[tuple[int, str], Row] = {}
     for index, case in enumerate(cases):
         for mode in case.modes:
@@ -618,7 +622,7 @@ def measure(cases: Sequence[Case], device: torch.device, repeats: int, timers: T
     # that free each case's tensors: a collection then takes microseconds instead of a tenth of a second.
     gc.freeze()
     try:
-        for repeat in range(repeats):
+        for repeat in repeats:
             start_s, core_use, disturbed = time.perf_counter(), CoreUse(), 0
             order = list(enumerate(cases))
             for index, case in order if repeat % 2 == 0 else order[::-1]:
@@ -631,11 +635,57 @@ def measure(cases: Sequence[Case], device: torch.device, repeats: int, timers: T
                     rows[index, mode].samples.append(sample)
                 for mode, note in skipped.items():
                     rows[index, mode].note = note
-            log(f"repeat {repeat + 1}/{repeats}: {time.perf_counter() - start_s:.1f} s, {core_use.text()}"
+            log(f"repeat {repeat + 1}/{total}: {time.perf_counter() - start_s:.1f} s, {core_use.text()}"
                 + (f"; {disturbed} cases measured again, disturbed by them" if disturbed else ""))
     finally:
         gc.unfreeze()
     return list(rows.values())
+
+
+def measure_in_processes(device: torch.device, quick: bool, threads: int | None, repeats: int,
+                         only: set[tuple[str, ...]] | None = None) -> list[Row]:
+    """Rows of the device's grid (those of keys in ``only`` when given), each repeat measured in a fresh Python
+    process that runs this file as a worker, on the linrec this process imported. What differs between
+    processes (where the allocator and the kernel place the operands in memory, which cache sets they
+    share) moved a row of L2-sized operands by up to 50 % between runs on the CPU while repeats in one
+    process agreed within 3 %: so the measured spread includes it, as a baseline's does."""
+    rows: dict[tuple[str, ...], Row] = {}
+    with tempfile.TemporaryDirectory(prefix="linrec-guard-") as folder:
+        command = [sys.executable, str(Path(__file__).resolve()), "--device", device.type, "--repeats", str(repeats)]
+        command += ["--quick"] * quick + ([] if threads is None else ["--threads", str(threads)])
+        if only is not None:
+            only_path = Path(folder) / "only.json"
+            only_path.write_text(json.dumps(sorted(only)))
+            command += ["--only", str(only_path)]
+        package_parent = str(Path(linrec.__file__).resolve().parent.parent)
+        environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            path for path in (package_parent, os.environ.get("PYTHONPATH")) if path))
+        for repeat in range(repeats):
+            out = Path(folder) / f"repeat-{repeat}.json"
+            sys.stdout.flush()
+            subprocess.run([*command, "--worker", str(out), "--repeat-index", str(repeat)], env=environment,
+                           check=True)
+            result = json.loads(out.read_text())
+            if result["linrec"] != linrec.__file__:
+                raise RuntimeError(f"the worker imported linrec from {result['linrec']}, not {linrec.__file__}")
+            for fields in result["rows"]:
+                row = Row(**fields)
+                if row.key in rows:
+                    rows[row.key].samples += row.samples
+                    rows[row.key].note = rows[row.key].note or row.note
+                else:
+                    rows[row.key] = row
+    return list(rows.values())
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One repeat of measure_in_processes: its rows written as JSON to args.worker."""
+    device = torch.device(args.device)
+    only = None if args.only is None else {tuple(key) for key in json.loads(args.only.read_text())}
+    repeat = range(args.repeat_index, args.repeat_index + 1)
+    rows = measure(grid(device, args.quick), device, device_timers(device), repeat, args.repeats, only,
+                   functools.partial(print, flush=True))
+    args.worker.write_text(json.dumps(dict(linrec=linrec.__file__, rows=[asdict(row) for row in rows])))
 
 
 # Comparing with baselines.
@@ -791,6 +841,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the smallest change flagged, a fraction (default: 0.05 on the GPU, 0.10 on the CPU and "
                              "for tiny calls)")
     parser.add_argument("--fail-on-regression", action="store_true", help="exit with status 1 if a row is slower")
+    # measure_in_processes' workers: where to write the rows, which repeat, which rows
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--repeat-index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
@@ -798,6 +852,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             parser.error("--threads: at least 1")
         torch.set_num_threads(args.threads)
+    if args.worker is not None:
+        worker(args)
+        return 0
 
     device = torch.device(args.device)
     info = machine_info(device)
@@ -807,12 +864,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.compare:
             print(f"baseline {path}: {(read_rows(path)[0] or ['no machine info'])[0]}")
         baseline = load_baseline(args.compare)
-    cases = grid(device, args.quick)
     start_s = time.perf_counter()
     core_use = CoreUse()
-    timers = device_timers(device)
-    log = functools.partial(print, flush=True)
-    rows = measure(cases, device, args.repeats, timers, log=log)
+    rows = measure_in_processes(device, args.quick, args.threads, args.repeats)
 
     def verdicts_of(rows: Sequence[Row]) -> list[str]:
         if baseline is None:
@@ -822,8 +876,9 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = verdicts_of(rows)
     slower = {row.key for row, flag in zip(rows, verdicts) if flag == "slower"}
     if slower:
-        log(f"measuring the {len(slower)} slower rows again, {REMEASURE_REPEATS} repeats")
-        again = {row.key: row for row in measure(cases, device, REMEASURE_REPEATS, timers, only=slower, log=log)}
+        print(f"measuring the {len(slower)} slower rows again, {REMEASURE_REPEATS} repeats")
+        again = {row.key: row for row in measure_in_processes(device, args.quick, args.threads, REMEASURE_REPEATS,
+                                                              slower)}
         rows = [again.get(row.key, row) for row in rows]
         verdicts = verdicts_of(rows)
     print()
