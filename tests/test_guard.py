@@ -165,6 +165,28 @@ def test_main_compares_remeasures_slower_rows_and_fails_only_when_asked(fast_mea
     assert guard.main(arguments) == 0
 
 
+def test_rows_selects_by_regular_expression(fast_measurement, monkeypatch, tmp_path, capsys):
+    grid = [guard.ScanCase(name="time-last", shape=(4, 64)), guard.ScanCase(name="tiny", shape=(1, 8), per_call=True)]
+    monkeypatch.setattr(guard, "cpu_cases", lambda: grid)
+    asked = []
+
+    def measure_here(device, quick, threads, repeats, only=None):
+        asked.append(only)
+        return guard.measure(guard.grid(device, quick), device, guard.device_timers(device), range(repeats), repeats,
+                             only)
+
+    monkeypatch.setattr(guard, "measure_in_processes", measure_here)
+    out = tmp_path / "rows.csv"
+    assert guard.main(["--device", "cpu", "--repeats", "1", "--rows", "time-last .* ops-", "--out", str(out)]) == 0
+    assert asked == [{("cpu", "time-last", "float32", mode, "4x64") for mode in ("ops-fwd", "ops-bwd")}]
+    assert [(line["name"], line["mode"]) for line in guard.read_rows(out)[1]] == [("time-last", "ops-fwd"),
+                                                                                  ("time-last", "ops-bwd")]
+    for pattern, message in (("nothing-matches", "no row of the cpu grid matches"), ("(", "not a regular expression")):
+        with pytest.raises(SystemExit):
+            guard.main(["--device", "cpu", "--rows", pattern])
+        assert f"--rows: {message}" in capsys.readouterr().err
+
+
 def test_repeats_run_in_worker_processes(capfd):
     """A worker process measures one row of the quick grid on this process's linrec; each repeat is a worker."""
     key = ("cpu", "tiny", "float32", "ops-fwd", "1x8")

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -642,6 +643,12 @@ def measure(cases: Sequence[Case], device: torch.device, timers: Timers, repeats
     return list(rows.values())
 
 
+def grid_keys(device: torch.device, quick: bool) -> list[tuple[str, ...]]:
+    """The keys (device, name, dtype, mode, shape) of the device's grid's rows."""
+    return [(device.type, case.name, str(case.dtype).removeprefix("torch."), mode, case.shape_text())
+            for case in grid(device, quick) for mode in case.modes]
+
+
 def measure_in_processes(device: torch.device, quick: bool, threads: int | None, repeats: int,
                          only: set[tuple[str, ...]] | None = None) -> list[Row]:
     """Rows of the device's grid (those of keys in ``only`` when given), each repeat measured in a fresh Python
@@ -841,6 +848,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the smallest change flagged, a fraction (default: 0.05 on the GPU, 0.10 on the CPU and "
                              "for tiny calls)")
     parser.add_argument("--fail-on-regression", action="store_true", help="exit with status 1 if a row is slower")
+    parser.add_argument("--rows", metavar="REGEX",
+                        help="only the rows whose 'name dtype mode shape' matches this regular expression (re.search)")
     # measure_in_processes' workers: where to write the rows, which repeat, which rows
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--repeat-index", type=int, default=0, help=argparse.SUPPRESS)
@@ -866,7 +875,16 @@ def main(argv: list[str] | None = None) -> int:
         baseline = load_baseline(args.compare)
     start_s = time.perf_counter()
     core_use = CoreUse()
-    rows = measure_in_processes(device, args.quick, args.threads, args.repeats)
+    selected = None
+    if args.rows is not None:
+        try:
+            pattern = re.compile(args.rows)
+        except re.error as error:
+            parser.error(f"--rows: not a regular expression ({error}): {args.rows!r}")
+        selected = {key for key in grid_keys(device, args.quick) if pattern.search(" ".join(key[1:]))}
+        if not selected:
+            parser.error(f"--rows: no row of the {device.type} grid matches {args.rows!r}")
+    rows = measure_in_processes(device, args.quick, args.threads, args.repeats, selected)
 
     def verdicts_of(rows: Sequence[Row]) -> list[str]:
         if baseline is None:
