@@ -135,6 +135,40 @@ def test_nan_spreads_forward_only(device, seed, shape, where, reverse):
     assert torch.equal(outputs[rows].cpu(), clean[rows])
 
 
+@pytest.mark.parametrize("shape, dim", [((3, 5000), -1), ((2, 70001), -1), ((700, 300), -1), ((2, 3000, 40), 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_states_past_an_infinity(device, seed, shape, dim, dtype, reverse):
+    """Past an infinite state the loop keeps an infinity whose sign follows the signs of the coefficients,
+    until a zero or NaN coefficient, a NaN input or an infinity of the other sign makes it NaN. Sparse
+    non-finite values over coefficients of both signs, on every kernel family (chained few long rows,
+    pipes, strided time), outputs and gradients, and gradients that flow in infinite."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(shape, generator=generator, dtype=torch.float64)
+    coeffs = torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1
+    specials = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    for values, density in ((inputs, 2e-4), (coeffs, 1e-4)):
+        picks = torch.rand(shape, generator=generator) < density
+        values[picks] = specials[torch.randint(0, 4, shape, generator=generator)][picks].double()
+    inputs[(0,) * (len(shape) - 1)] = float("inf")  # one row infinite from its first step (or last, reversed)
+    inputs, coeffs = inputs.to(dtype), coeffs.to(dtype)
+    check(inputs, coeffs, device, dim=dim, reverse=reverse, grad=shape[dim] < 10000)
+    if shape[dim] >= 10000:
+        return  # the loop's gradients take minutes there
+    # Infinite and NaN gradients flowing in.
+    leaves = [t.to(device).requires_grad_() for t in (inputs, coeffs)]
+    outputs = linrec.linrec(*leaves, dim=dim, reverse=reverse)
+    d_outputs = torch.randn(shape, generator=generator, dtype=torch.float64)
+    d_picks = torch.rand(shape, generator=generator) < 2e-4
+    d_outputs[d_picks] = specials[torch.randint(0, 3, shape, generator=generator)][d_picks].double()
+    d_outputs = d_outputs.to(dtype)
+    grads = torch.autograd.grad(outputs, leaves, d_outputs.to(device))
+    patterns = loop_gradients(d_outputs, inputs, coeffs, compute_dtype(dtype), dim=dim, reverse=reverse)
+    exacts = loop_gradients(d_outputs, inputs, coeffs, torch.float64, dim=dim, reverse=reverse)
+    for name, actual, pattern, exact in zip(("d_inputs", "d_coeffs"), grads, patterns, exacts):
+        assert_recurrence(actual, pattern, exact, dtype, name)
+
+
 @pytest.mark.parametrize("value", ["overflow", "nan", "inf"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_packed_sequences_are_isolated(device, seed, value, reverse):

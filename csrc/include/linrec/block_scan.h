@@ -143,35 +143,55 @@ struct TileScan {
   // the map of its sequence's whole tile and returns the output before the tile in scan order
   // (RunningPrefix, or a look-back across blocks). All threads of the block must call scan (it may
   // synchronize the block).
+  //
+  // `resets`: whether this thread's items hold a reset (a coefficient set to 0 at a sequence start,
+  // sequence_starts.h). Only such threads take the reset path item by item (advance(), two more
+  // instructions an item); the others multiply and add as the loop does, which differs from it only
+  // where a non-finite state meets a zero coefficient, and such results are rescanned
+  // (nonfinite_rescan.h).
   template <typename Acc, typename Prefix>
   __device__ __forceinline__ static void scan(Acc (&value)[Items], Acc (&coeff)[Items], Storage<Acc>& storage,
-                                              Prefix& prefix) {
-    scan<false>(value, coeff, value, storage, prefix);
+                                              Prefix& prefix, bool resets = true) {
+    scan<false>(value, coeff, value, storage, prefix, resets);
   }
 
   // scan() of items whose coefficients are products with the rounding errors coeff_error[] (the chunk
   // maps of a look-back), where ItemErrors.
   template <bool ItemErrors, typename Acc, typename Prefix>
   __device__ __forceinline__ static void scan(Acc (&value)[Items], Acc (&coeff)[Items], const Acc (&coeff_error)[Items],
-                                              Storage<Acc>& storage, Prefix& prefix) {
+                                              Storage<Acc>& storage, Prefix& prefix, bool resets = true) {
     constexpr bool kErrors = ItemErrors && Compensated;
+    const bool item_resets = Resets && resets;
     // 1. Sequentially within the thread; coeff[] becomes the cumulative product, `error` the rounding
     // error of the last (the thread's map), where carried.
     const int first = Reverse ? Items - 1 : 0;
     Acc error = kErrors ? coeff_error[first] : Acc(0);
-    #pragma unroll
-    for (int n = 1; n < Items; ++n) {
-      const int i = Reverse ? Items - 1 - n : n, prev = Reverse ? i + 1 : i - 1;
-      const Acc item_error = kErrors ? coeff_error[i] : Acc(0);
-      if constexpr (kErrors) value[i] = advance(coeff[i], item_error, value[prev], value[i]);
-      else if constexpr (Resets) value[i] = advance(coeff[i], value[prev], value[i]);
-      else value[i] = coeff[i] * value[prev] + value[i];
-      const Acc product = Resets ? compose_coefficients(coeff[i], coeff[prev]) : coeff[i] * coeff[prev];
-      if constexpr (kErrors) error = product_error(coeff[i], item_error, coeff[prev], error, product);
-      else if constexpr (Compensated) error = product_error(coeff[i], coeff[prev], error, product);
-      coeff[i] = product;
+    if (kErrors || item_resets) {
+      #pragma unroll
+      for (int n = 1; n < Items; ++n) {
+        const int i = Reverse ? Items - 1 - n : n, prev = Reverse ? i + 1 : i - 1;
+        const Acc item_error = kErrors ? coeff_error[i] : Acc(0);
+        if constexpr (kErrors) value[i] = advance(coeff[i], item_error, value[prev], value[i]);
+        else if constexpr (Resets) value[i] = advance(coeff[i], value[prev], value[i]);
+        else value[i] = coeff[i] * value[prev] + value[i];
+        const Acc product = Resets ? compose_coefficients(coeff[i], coeff[prev]) : coeff[i] * coeff[prev];
+        if constexpr (kErrors) error = product_error(coeff[i], item_error, coeff[prev], error, product);
+        else if constexpr (Compensated) error = product_error(coeff[i], coeff[prev], error, product);
+        coeff[i] = product;
+      }
+    } else {
+      #pragma unroll
+      for (int n = 1; n < Items; ++n) {
+        const int i = Reverse ? Items - 1 - n : n, prev = Reverse ? i + 1 : i - 1;
+        value[i] = coeff[i] * value[prev] + value[i];
+        const Acc product = coeff[i] * coeff[prev];
+        if constexpr (Compensated) error = plain_product_error(coeff[i], coeff[prev], error, product);
+        coeff[i] = product;
+      }
     }
     const int last = Reverse ? 0 : Items - 1;
+    // A product that ends at 0 is a constant map, whose error is 0 (product_error).
+    if constexpr (Compensated && !kErrors) error = is_zero(coeff[last]) ? Acc(0) : error;
     Affine<Acc> running{coeff[last], value[last], error};
 
     // 2. Inclusive scan of the threads' maps across the warp segment, in scan order.
@@ -203,10 +223,12 @@ struct TileScan {
     // 4. Every element gets the output before its thread's chunk.
     const Acc carry = prefix(total);
     const Acc before_chunk = apply<Compensated, Acc, Resets>(exclusive, carry);
-    #pragma unroll
-    for (int i = 0; i < Items; ++i) {
-      if constexpr (Resets) value[i] = advance(coeff[i], before_chunk, value[i]);
-      else value[i] = coeff[i] * before_chunk + value[i];
+    if (item_resets) {
+      #pragma unroll
+      for (int i = 0; i < Items; ++i) value[i] = advance(coeff[i], before_chunk, value[i]);
+    } else {
+      #pragma unroll
+      for (int i = 0; i < Items; ++i) value[i] = coeff[i] * before_chunk + value[i];
     }
   }
 };

@@ -78,7 +78,7 @@ constexpr bool kPackedStatus = std::is_same_v<Acc, float>;
 // Where the items' statuses live in the workspace (zeroed before the launch: every item pending).
 // A group's items are its levels one after the other: num_chunks chunks, then their parents, up to the
 // first level of at most Window items (whose parent no chunk reads). A chained group has at most 32
-// sequences (a bit each in the rescan counters). Packed: a PackedStatus per (group, item, sequence).
+// sequences (a bit each in the rescan flags). Packed: a PackedStatus per (group, item, sequence).
 // Otherwise: a flag per (group, item), then the map per (group, item, sequence).
 template <typename Acc, int Sequences, int Window>
 struct ChainLayout {
@@ -111,13 +111,13 @@ struct ChainLayout {
     if constexpr (kPackedStatus<Acc>) return num_slots() * static_cast<int64_t>(sizeof(PackedStatus));
     else return flags_bytes() + num_slots() * static_cast<int64_t>(sizeof(Affine<Acc>));
   }
-  // After the statuses, two counters per group for the rescan of non-finite results
-  // (nonfinite_rescan.h): the chunks done, and a bit per sequence whose results hold a non-finite value.
+  // After the statuses, a word per group for the rescan of non-finite results (nonfinite_rescan.h): a
+  // bit per sequence whose results hold a non-finite value.
   __host__ __device__ int64_t bytes() const {
-    return aligned(statuses_bytes()) + num_groups * 2 * static_cast<int64_t>(sizeof(int));
+    return aligned(statuses_bytes()) + num_groups * static_cast<int64_t>(sizeof(int));
   }
-  __host__ __device__ int* rescan_counters(void* workspace, int64_t group) const {
-    return reinterpret_cast<int*>(static_cast<char*>(workspace) + aligned(statuses_bytes())) + 2 * group;
+  __host__ __device__ int* rescan_flags(void* workspace, int64_t group) const {
+    return reinterpret_cast<int*>(static_cast<char*>(workspace) + aligned(statuses_bytes())) + group;
   }
 };
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "linrec/numeric.h"
 #include "linrec/params.h"
@@ -64,13 +65,27 @@ LINREC_HOST_DEVICE void rescan_segment(const Params& params, int64_t row, int64_
 
 #if defined(__CUDACC__)
 
-// Whether every item is finite.
+}  // namespace linrec
+
+#include "linrec/block_scan.h"
+
+namespace linrec {
+
+// Whether every item is finite. For real items, one fused multiply-add an item: the sum of the items
+// times 0 is 0 where all are finite and NaN where one is Inf or NaN (a test per item costs three).
 template <typename Acc, int Items>
 __device__ __forceinline__ bool all_finite(const Acc (&items)[Items]) {
-  bool finite = true;
-  #pragma unroll
-  for (int i = 0; i < Items; ++i) finite = finite && is_finite(items[i]);
-  return finite;
+  if constexpr (std::is_floating_point_v<Acc>) {
+    Acc witness = Acc(0);
+    #pragma unroll
+    for (int i = 0; i < Items; ++i) witness = fma(items[i], Acc(0), witness);
+    return witness == Acc(0);
+  } else {
+    bool finite = true;
+    #pragma unroll
+    for (int i = 0; i < Items; ++i) finite = finite && is_finite(items[i]);
+    return finite;
+  }
 }
 
 // Params over the scalar channels of params over channel pairs (pair_channels in reverse): the
@@ -101,23 +116,237 @@ __device__ inline BackwardParams unpaired(BackwardParams params) {
   return unpaired(params, operands);
 }
 
-// Rescans the packed sequences of row `row` of params over T and C (scalar types, or channel pairs of them)
-// that hold a non-finite result. Not inlined, so that its registers are not the kernels'. The kernels'
-// params are __grid_constant__: passed by reference to a call, a plain kernel parameter would be
-// copied to local memory by every thread at the kernel's start.
+// A rescan by the 32 lanes of a warp. Past the loop's first non-finite state every state is +-Inf or
+// NaN: NaN stays NaN, and c * s + x only sets the sign of an infinite s or turns it NaN (c zero or NaN,
+// x NaN or the opposite infinity). So from there the loop's states are those of the recurrence
+// s = c' * s + x', with c' the sign of c (NaN where c is 0 or NaN) and x' = x where x is not finite
+// (else 0): its products of coefficients are +-1 or NaN and its sums infinities of one sign or NaN,
+// exact in any order, so that a warp scan of 32 steps at a time gives the loop's states. Before that
+// state the warp walks the loop itself, 32 steps loaded at once: from the first non-finite parallel
+// result, which is at or before the loop's first non-finite state (the file's comment), starting from
+// the stored result before it (for 16-bit types the state rounded to T); that walk is usually one step.
+// A NaN state fills the rest of the sequence with NaN without reading it.
+namespace warp_rescan {
+
+constexpr int kLanes = 32;
+constexpr unsigned kAll = 0xffffffffu;
+// Slices of 32 steps whose loads a lane issues together: the latency of one load each, not four.
+constexpr int kSlices = 4;
+
+// The step of the recurrence past the first non-finite state (above).
+template <typename Acc>
+__device__ __forceinline__ Affine<Acc> nonfinite_step(Acc coeff, Acc input) {
+  const Acc nan = Acc(0) / Acc(0);
+  const Acc sign = coeff == Acc(0) || coeff != coeff ? nan : copysign(Acc(1), coeff);
+  return {sign, is_finite(input) ? Acc(0) : input, Acc(0)};
+}
+
+// The first step, in walk order, of the `length` whose `value(n)` is not finite, or -1.
+template <typename Value>
+__device__ __forceinline__ int64_t first_nonfinite(int64_t length, Value&& value) {
+  const int lane = threadIdx.x % kLanes;
+  for (int64_t base = 0; base < length; base += kSlices * kLanes) {
+    bool nonfinite[kSlices];
+    #pragma unroll
+    for (int j = 0; j < kSlices; ++j) {
+      const int64_t n = base + j * kLanes + lane;
+      nonfinite[j] = n < length && !is_finite(value(n));
+    }
+    #pragma unroll
+    for (int j = 0; j < kSlices; ++j) {
+      const unsigned found = __ballot_sync(kAll, nonfinite[j]);
+      if (found != 0) return base + j * kLanes + __ffs(found) - 1;
+    }
+  }
+  return -1;
+}
+
+// Walks a sequence of `length` steps from step `from` with state `state`, the warp's lanes together:
+// load(n, coeff, input) reads step n's coefficient and input (in the recurrence's walk order; step 0's
+// coefficient is not used where `first_replaces`, the first state then being the input alone), and
+// store(n, state) writes its result. Returns the last step's state (every lane).
+template <typename Acc, typename Load, typename Store>
+__device__ __forceinline__ Acc walk(int64_t length, int64_t from, Acc state, bool first_replaces, Load&& load,
+                                     Store&& store) {
+  const int lane = threadIdx.x % kLanes;
+  int64_t base = from;
+  // The loop itself while the state is finite (a warp-uniform condition: every lane holds it).
+  while (base < length && is_finite(state)) {
+    const int64_t n = base + lane;
+    Acc coeff = Acc(1), input = Acc(0);
+    if (n < length) load(n, coeff, input);
+    Acc mine = Acc(0);
+    int done = 0;
+    for (; done < kLanes && base + done < length; ++done) {
+      const Acc step_coeff = __shfl_sync(kAll, coeff, done), step_input = __shfl_sync(kAll, input, done);
+      state = base + done == 0 && first_replaces ? step_input : step_coeff * state + step_input;
+      if (lane == done) mine = state;
+      if (!is_finite(state)) {
+        ++done;
+        break;
+      }
+    }
+    if (lane < done) store(n, mine);
+    base += done;
+  }
+  // Past the first non-finite state: the sign recurrence, 32 steps a scan; a NaN state fills.
+  while (base < length && state == state) {
+    Acc coeff[kSlices], input[kSlices];
+    #pragma unroll
+    for (int j = 0; j < kSlices; ++j) {
+      const int64_t n = base + j * kLanes + lane;
+      coeff[j] = Acc(1), input[j] = Acc(0);  // past the end: the identity
+      if (n < length) load(n, coeff[j], input[j]);
+    }
+    #pragma unroll
+    for (int j = 0; j < kSlices; ++j) {
+      const int64_t n = base + j * kLanes + lane;
+      const Affine<Acc> map =
+          segment_inclusive_scan<kLanes, false, false, Acc, false>(nonfinite_step(coeff[j], input[j]));
+      const Acc result = map.coeff * state + map.value;
+      if (n < length) store(n, result);
+      state = __shfl_sync(kAll, result, kLanes - 1);
+    }
+    base += kSlices * kLanes;
+  }
+  for (int64_t n = base + lane; n < length; n += kLanes) store(n, state);  // NaN
+  return state;
+}
+
+// The forward's rescan of packed sequence `segment` of `row`: outputs in the op's direction.
+template <bool LogCoeffs, typename T, typename C>
+__device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t segment) {
+  using Acc = accumulator_t<T>;
+  const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
+  const auto [input_at, coeff_at, output_at, initial_at] =
+      params.shape.row_offsets(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
+  const T* const inputs = params.inputs.template row<const T>(input_at);
+  const C* const coeffs = params.coeffs.template row<const C>(coeff_at);
+  T* const outputs = params.outputs.template row<T>(output_at);
+  const int64_t first = params.reverse ? end - 1 : begin, step = params.reverse ? -1 : 1;
+  const auto time = [&](int64_t n) { return first + n * step; };
+  const auto result = [&](int64_t n) { return static_cast<Acc>(outputs[time(n) * params.outputs.time_stride]); };
+  const int64_t from = first_nonfinite(length, result);
+  if (from < 0) return;
+  const bool has_initial = params.initial.data != nullptr;
+  Acc state = Acc(0);
+  if (from > 0) state = result(from - 1);
+  else if (has_initial)
+    state = static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride]);
+  walk(
+      length, from, state, !has_initial,
+      [&](int64_t n, Acc& coeff, Acc& input) {
+        input = static_cast<Acc>(inputs[time(n) * params.inputs.time_stride]);
+        coeff = coefficient(static_cast<Acc>(coeffs[time(n) * params.coeffs.time_stride]), LogCoeffs);
+      },
+      [&](int64_t n, Acc value) { outputs[time(n) * params.outputs.time_stride] = static_cast<T>(value); });
+}
+
+// The backward's rescan: d_inputs against the forward's direction (step n's coefficient is the
+// conjugate of the one the forward applies after it; none for the forward's last step), then d_coeffs
+// and d_initial from them, as sequential_scan_backward computes them.
+template <bool LogCoeffs, typename T, typename C>
+__device__ void rescan_backward(const BackwardParams& params, int64_t row, int64_t segment) {
+  using Acc = accumulator_t<T>;
+  const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
+  const auto [d_output_at, coeff_at, output_at, d_input_at, d_coeff_at, initial_at, d_initial_at] =
+      params.shape.row_offsets(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs,
+                               params.d_coeffs, params.initial, params.d_initial).at;
+  const T* const d_outputs = params.d_outputs.template row<const T>(d_output_at);
+  const C* const coeffs = params.coeffs.template row<const C>(coeff_at);
+  const T* const outputs = params.outputs.template row<const T>(output_at);
+  T* const d_inputs = params.d_inputs.template row<T>(d_input_at);
+  C* const d_coeffs = params.d_coeffs.template row<C>(d_coeff_at);
+  const bool has_initial = params.initial.data != nullptr;
+  const int64_t last = params.reverse ? begin : end - 1, step = params.reverse ? 1 : -1;
+  const auto time = [&](int64_t n) { return last + n * step; };
+  const auto coeff_at_step = [&](int64_t n) {
+    return coefficient(static_cast<Acc>(coeffs[time(n) * params.coeffs.time_stride]), LogCoeffs);
+  };
+  const auto result = [&](int64_t n) { return static_cast<Acc>(d_inputs[time(n) * params.d_inputs.time_stride]); };
+  const int64_t from = first_nonfinite(length, result);
+  if (from < 0) return;
+  const Acc d_state = walk(
+      length, from, from > 0 ? result(from - 1) : Acc(0), false,
+      [&](int64_t n, Acc& coeff, Acc& input) {
+        input = static_cast<Acc>(d_outputs[time(n) * params.d_outputs.time_stride]);
+        coeff = n == 0 ? Acc(0) : conj(coeff_at_step(n - 1));
+      },
+      [&](int64_t n, Acc d_state) {
+        const int64_t t = time(n);
+        d_inputs[t * params.d_inputs.time_stride] = static_cast<T>(d_state);
+        if (params.sum_d_coeffs) return;  // added into by the parallel kernels alone
+        const bool has_prev = n + 1 < length;
+        Acc d_coeff = Acc(0);
+        if (has_prev || has_initial) {
+          const Acc prev = has_prev ? static_cast<Acc>(outputs[(t + step) * params.outputs.time_stride])
+                                    : static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride]);
+          d_coeff = d_state * conj(prev);
+          if constexpr (LogCoeffs) d_coeff = d_coeff * coeff_at_step(n);
+        }
+        d_coeffs[t * params.d_coeffs.time_stride] = static_cast<C>(d_coeff);
+      });
+  if (has_initial && threadIdx.x % kLanes == 0) {
+    params.d_initial.template row<C>(d_initial_at)[segment * params.d_initial.segment_stride] =
+        static_cast<C>(conj(coeff_at_step(length - 1)) * d_state);
+  }
+}
+
+}  // namespace warp_rescan
+
+// rescan_segment() by the 32 lanes of a warp (all of them call it): in parallel for real types (above),
+// by the first lane for complex ones.
 template <typename T, typename C, typename Params>
-__device__ __noinline__ void rescan_nonfinite(const Params& params, int64_t row) {
+__device__ void warp_rescan_segment(const Params& params, int64_t row, int64_t segment) {
+  if constexpr (is_complex<accumulator_t<T>>::value) {
+    if (threadIdx.x % warp_rescan::kLanes == 0) rescan_segment<T, C>(params, row, segment);
+  } else if constexpr (std::is_same_v<Params, ForwardParams>) {
+    if (params.log_coeffs) warp_rescan::rescan_forward<true, T, C>(params, row, segment);
+    else warp_rescan::rescan_forward<false, T, C>(params, row, segment);
+  } else {
+    if (params.log_coeffs) warp_rescan::rescan_backward<true, T, C>(params, row, segment);
+    else warp_rescan::rescan_backward<false, T, C>(params, row, segment);
+  }
+  __syncwarp();
+}
+
+// Rescans the packed sequences of row `row` of params over T and C (scalar types, or channel pairs of
+// them) that hold a non-finite result, by the 32 lanes of a warp (all of them call it).
+template <typename T, typename C, typename Params>
+__device__ __forceinline__ void rescan_nonfinite(const Params& params, int64_t row) {
   if constexpr (is_channel_pair<T>::value) {
     using Scalar = decltype(T{}.first);
     using CoeffScalar = decltype(C{}.first);
     const Params scalar = unpaired(params);
     for (int64_t segment = 0; segment < params.num_segments; ++segment) {
-      rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row, segment);
-      rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row + 1, segment);
+      warp_rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row, segment);
+      warp_rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row + 1, segment);
     }
   } else {
-    for (int64_t segment = 0; segment < params.num_segments; ++segment) rescan_segment<T, C>(params, row, segment);
+    for (int64_t segment = 0; segment < params.num_segments; ++segment)
+      warp_rescan_segment<T, C>(params, row, segment);
   }
+}
+
+// Rescans rows first_row + s of the sequences s < count with flagged[s] (in shared memory), a warp
+// each, every warp of the block calling it. Not inlined, and called once at a kernel's end, so that
+// neither its registers nor those live across a call in a loop are the kernel's. The kernels' params
+// are __grid_constant__: passed by reference to a call, a plain kernel parameter would be copied to
+// local memory by every thread at the kernel's start.
+template <typename T, typename C, typename Params>
+__device__ __noinline__ void rescan_flagged_rows(const Params& params, const bool* flagged, int count,
+                                                 int64_t first_row) {
+  const int warps = blockDim.x / warp_rescan::kLanes;
+  for (int s = threadIdx.x / warp_rescan::kLanes; s < count; s += warps)
+    if (flagged[s] && first_row + s < params.num_rows()) rescan_nonfinite<T, C>(params, first_row + s);
+}
+
+// The same for the rows of a flags word (bit s: row first_row + s), a warp each.
+template <typename T, typename C, typename Params>
+__device__ __noinline__ void rescan_flagged_rows(const Params& params, unsigned flags, int64_t first_row) {
+  const int warps = blockDim.x / warp_rescan::kLanes;
+  for (int s = threadIdx.x / warp_rescan::kLanes; s < 32; s += warps)
+    if ((flags >> s & 1u) && first_row + s < params.num_rows()) rescan_nonfinite<T, C>(params, first_row + s);
 }
 
 #endif  // __CUDACC__

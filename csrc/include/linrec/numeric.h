@@ -157,6 +157,12 @@ LINREC_HOST_DEVICE Acc advance(const Acc& coeff, const Acc& state, const Acc& va
 template <typename T>
 constexpr bool kCompensated = std::is_same_v<T, float>;
 
+// product_error() of an exact later coefficient, without the test for a zero product: the scans' items
+// within a thread, whose map's error is set to 0 once where its product is 0 (block_scan.h).
+LINREC_HOST_DEVICE float plain_product_error(float later, float earlier, float earlier_error, float product) {
+  return fmaf(later, earlier_error, fmaf(later, earlier, -product));
+}
+
 // The error of the product of two float coefficients known as value + error each (`product` the
 // rounded product of the values): the two-product's rounding by a fused multiply-add (Dekker 1971)
 // plus the first-order terms of the errors. 0 where the product is 0 (a reset, or an underflow: a
@@ -171,7 +177,7 @@ LINREC_HOST_DEVICE float product_error(float later, float later_error, float ear
 // product_error() of an exact later coefficient (one step's).
 LINREC_HOST_DEVICE float product_error(float later, float earlier, float earlier_error, float product) {
   if (product == 0.0f) return 0.0f;
-  return fmaf(later, earlier_error, fmaf(later, earlier, -product));
+  return plain_product_error(later, earlier, earlier_error, product);
 }
 
 // advance() with a coefficient known as coeff + error.

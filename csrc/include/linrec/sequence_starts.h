@@ -61,10 +61,13 @@ struct SequenceStarts {
 // recurrence: outputs[start] = coeffs[start] * initial + inputs[start], and the state before a start
 // takes no part (its coefficient becomes 0). `initial`: the row's initial states, a packed sequence's
 // `initial_stride` apart (null: none). One search per thread's chunk rather than a test per item.
+// Returns whether the chunk holds a start (a reset for the scan, block_scan.h).
 template <bool Packed, typename Acc, typename C, int Items>
-LINREC_HOST_DEVICE void restart_forward(const SequenceStarts<Packed>& starts, int64_t begin, Acc (&value)[Items],
+LINREC_HOST_DEVICE bool restart_forward(const SequenceStarts<Packed>& starts, int64_t begin, Acc (&value)[Items],
                                         Acc (&coeff)[Items], const C* initial, int64_t initial_stride) {
+  bool resets = false;
   starts.for_each(begin, begin + Items, [&](int64_t position, int64_t segment) {
+    resets = true;
     const Acc state = initial != nullptr ? static_cast<Acc>(initial[segment * initial_stride]) : Acc(0);
     LINREC_UNROLL
     for (int i = 0; i < Items; ++i) {
@@ -74,32 +77,40 @@ LINREC_HOST_DEVICE void restart_forward(const SequenceStarts<Packed>& starts, in
       }
     }
   });
+  return resets;
 }
 
 // The same for the backward recurrence (d_inputs against the forward op's direction): a start has no
 // predecessor, so its factor prev_output (conj(outputs[prev])) is its sequence's initial state where
 // there is one; the element before it in the forward direction has no successor, so its
 // shifted_coeff (conj(coeffs[next])) becomes 0. Returns the starts as bits (bit i: item i starts a
-// sequence), for d_coeffs and d_initial.
+// sequence), for d_coeffs and d_initial, and whether a shifted coefficient became 0 (a reset for the
+// scan, block_scan.h).
+struct ChunkRestarts {
+  uint32_t starts = 0;
+  bool resets = false;
+};
+
 template <bool ForwardReverse, bool Packed, typename Acc, typename C, int Items>
-LINREC_HOST_DEVICE uint32_t restart_backward(const SequenceStarts<Packed>& starts, int64_t begin,
-                                             Acc (&shifted_coeff)[Items], Acc (&prev_output)[Items], const C* initial,
-                                             int64_t initial_stride) {
+LINREC_HOST_DEVICE ChunkRestarts restart_backward(const SequenceStarts<Packed>& starts, int64_t begin,
+                                                  Acc (&shifted_coeff)[Items], Acc (&prev_output)[Items],
+                                                  const C* initial, int64_t initial_stride) {
   static_assert(Items <= 32, "the starts are bits of one word");
   const int64_t window_begin = ForwardReverse ? begin - 1 : begin;
-  uint32_t chunk_starts = 0;
+  ChunkRestarts restarts;
   starts.for_each(window_begin, window_begin + Items + 1, [&](int64_t position, int64_t segment) {
     const int64_t at = position - begin, before = ForwardReverse ? at + 1 : at - 1;
+    restarts.resets = restarts.resets || (before >= 0 && before < Items);
     LINREC_UNROLL
     for (int i = 0; i < Items; ++i) {
       if (i == at) {
-        chunk_starts |= 1u << i;
+        restarts.starts |= 1u << i;
         if (initial != nullptr) prev_output[i] = conj(static_cast<Acc>(initial[segment * initial_stride]));
       }
       if (i == before) shifted_coeff[i] = Acc(0);
     }
   });
-  return chunk_starts;
+  return restarts;
 }
 
 }  // namespace linrec

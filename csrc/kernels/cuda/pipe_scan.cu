@@ -25,6 +25,17 @@ void check_workspace(const Plan& plan, const SequenceLayout& layout) {
     throw std::invalid_argument("linrec: the chained kernels need the workspace that their plan asks for");
 }
 
+// After a chained launch, the rescan of its flagged sequences (pipe_rescan_kernel): a block per group
+// of sequences.
+template <typename T, typename C, PipeConfig Config, typename Params>
+void launch_rescan(const Params& launched, cudaStream_t stream) {
+  if constexpr (Config.schedule == Schedule::Chained) {
+    const int64_t groups = pipe::PipeThread<T, C, Config, false>::chain_layout(launched).num_groups;
+    pipe::pipe_rescan_kernel<T, C, pipe::Policy<Config>>
+        <<<static_cast<unsigned>(groups), pipe::kRescanWarps * pipe::kWarp, 0, stream>>>(launched);
+  }
+}
+
 }  // namespace
 
 void pipe::launch_plan(const Plan& plan, const ForwardParams& params, cudaStream_t stream) {
@@ -32,6 +43,7 @@ void pipe::launch_plan(const Plan& plan, const ForwardParams& params, cudaStream
   pipe::with_kernel_types(plan, params, [&]<typename T, typename C, PipeConfig Config>(const ForwardParams& launched) {
     pipe::pipe_forward_kernel<T, C, pipe::Policy<Config>>
         <<<static_cast<unsigned>(plan.grid_blocks), pipe::block_threads(Config), 0, stream>>>(launched);
+    launch_rescan<T, C, Config>(launched, stream);
   });
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
@@ -41,9 +53,11 @@ void pipe::launch_plan(const Plan& plan, const BackwardParams& params, cudaStrea
   pipe::with_kernel_types(plan, params, [&]<typename T, typename C, PipeConfig Config>(const BackwardParams& launched) {
     dispatch_value<Variant::Plain, Variant::Packed, Variant::Summing>(plan.variant, [&]<Variant Kind>() {
       if constexpr (pipe::compiled_for<T, C>(Config, Kind))
+      {
         pipe::pipe_backward_kernel<T, C, pipe::Policy<Config>, Kind>
             <<<static_cast<unsigned>(plan.grid_blocks), pipe::block_threads(Config), 0, stream>>>(launched);
-      else
+        launch_rescan<T, C, Config>(launched, stream);
+      } else
         throw std::invalid_argument("linrec: no backward kernel is compiled for config " + describe(Config) +
                                     " with packed sequences, a summed coefficient gradient or mixed precision "
                                     "(they take the largest row tile)");

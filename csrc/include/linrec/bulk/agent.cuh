@@ -212,8 +212,7 @@ struct BulkThread {
 
   // The workspace: three counters (the next chunk to take, the blocks that have finished, whether any
   // row is flagged) in the first 16 bytes, where their addresses need no arithmetic; then the look-back's
-  // statuses and, per group, the rescan counters of lookback.h, of which the bulk kernels use the flags
-  // of rows with a non-finite result.
+  // statuses and, per group, the rescan flags of lookback.h (rows with a non-finite result).
   static constexpr int64_t kCountersBytes = 16;
   __host__ __device__ static int64_t workspace_bytes(const SequenceLayout& layout) {
     return kCountersBytes + chain_layout(layout).bytes();
@@ -227,7 +226,7 @@ struct BulkThread {
     return static_cast<char*>(layout.workspace) + kCountersBytes;
   }
   __device__ __forceinline__ int* row_flags(const SequenceLayout& layout, int64_t group) const {
-    return chain_layout(layout).rescan_counters(chain_workspace(layout), group) + 1;
+    return chain_layout(layout).rescan_flags(chain_workspace(layout), group);
   }
 
   // After a chunk's stores are issued (every thread is done with its stage, by the barrier before
@@ -247,10 +246,10 @@ struct BulkThread {
   }
 
   // The rescan of non-finite results (nonfinite_rescan.h): once every chunk is stored, the rows that
-  // hold one are scanned again by the plain recurrence. The grid's last block to finish does it, a
-  // group a warp, a row a lane, where any row is flagged (reading every group's flags is a round trip
-  // to L2 per group and warp): the blocks count themselves once each, so that no chunk waits on a
-  // fence (a count per chunk, as the chained pipes keep, waits for the chunk's stores).
+  // hold one are scanned again. The grid's last block to finish does it, a group a warp, its flagged
+  // rows one after the other by the warp's lanes together, where any row is flagged (reading every
+  // group's flags is a round trip to L2 per group and warp): the blocks count themselves once each, so
+  // that no chunk waits on a fence (a count per chunk would wait for the chunk's stores).
   template <typename Params>
   __device__ __forceinline__ void rescan_nonfinite(const Params& params) {
     __syncthreads();  // every thread's flags, before the first thread's fence and count
@@ -262,10 +261,21 @@ struct BulkThread {
     }
     __syncthreads();
     if (!storage.last || __ldcg(any_flagged(params)) == 0) return;
-    for (int group = rank; group < num_groups; group += kWarps) {
-      const int channel = group % tiles_per_row * kChannels + lane;
-      if (channel < channels && (__ldcg(row_flags(params, group)) >> lane & 1))
-        linrec::rescan_nonfinite<T, C>(params, static_cast<int64_t>(group / tiles_per_row) * channels + channel);
+    rescan_flagged_groups(params, rank, kWarps, tiles_per_row, channels, num_groups);
+  }
+
+  // The last block's rescan, warp by warp from group `first` on (nonfinite_rescan.h). Not inlined, so
+  // that its registers are not the kernel's.
+  template <typename Params>
+  __device__ __noinline__ static void rescan_flagged_groups(const Params& params, int first, int step, int tiles_per_row,
+                                                            int channels, int num_groups) {
+    for (int group = first; group < num_groups; group += step) {
+      const int* const flags_word = chain_layout(params).rescan_flags(chain_workspace(params), group);
+      for (unsigned flags = __ldcg(flags_word); flags != 0; flags &= flags - 1) {
+        const int channel = group % tiles_per_row * kChannels + __ffs(flags) - 1;
+        if (channel < channels)
+          linrec::rescan_nonfinite<T, C>(params, static_cast<int64_t>(group / tiles_per_row) * channels + channel);
+      }
     }
   }
 };

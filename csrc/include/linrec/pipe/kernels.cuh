@@ -44,11 +44,11 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config), min_blocks_for
     // One uniform branch per tile for the flag, and per chunk a search for the sequence starts in it
     // (one compare without cu_seqlens): branches per item cost the loop a fifth of its speed.
     if (params.log_coeffs) exponentiate(coeff);
-    restart_forward(starts, begin, value, coeff, initial, params.initial.segment_stride);
+    const bool resets = restart_forward(starts, begin, value, coeff, initial, params.initial.segment_stride);
     Acc next_value[kItems], next_coeff[kItems];
     if constexpr (Thread::kPrefetch)
       if (step + 1 < end_step) fetch_tile(step + 1, next_value, next_coeff);
-    thread.scan(value, coeff, prefix);
+    thread.scan(value, coeff, prefix, resets);
     thread.store(params.outputs, outputs, step, value);
     nonfinite = nonfinite || !all_finite(value);
     if constexpr (Thread::kPrefetch) {
@@ -134,8 +134,9 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
       prev_output[i] = conj(prev >= 0 && prev < kItems ? output[prev] : output_before);
     }
     // d_coeffs is zeroed below at the starts of sequences without an initial state.
-    const uint32_t chunk_starts =
+    const ChunkRestarts restarts =
         restart_backward<kForwardReverse>(starts, begin, shifted_coeff, prev_output, initial, params.initial.segment_stride);
+    const uint32_t chunk_starts = restarts.starts;
     if (params.log_coeffs) {  // d/d(log c) = c * d/dc
       #pragma unroll
       for (int i = 0; i < kItems; ++i) prev_output[i] = prev_output[i] * coeff[i];
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
     Acc next_value[kItems];
     if constexpr (Thread::kPrefetch)
       if (step + 1 < end_step) fetch_tile(step + 1, next_value, coeff, output, coeff_after, output_before);
-    thread.scan(value, shifted_coeff, prefix);
+    thread.scan(value, shifted_coeff, prefix, restarts.resets);
     #pragma unroll
     for (int i = 0; i < kItems; ++i) prev_output[i] = value[i] * prev_output[i];
     // Without an initial state a start's coefficient takes no part. With one, d_initial =
@@ -174,6 +175,16 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
   }
   if constexpr (sums) CoeffSum::finish(params.d_coeffs, coeff_sum_row);
   thread.rescan_nonfinite(storage, params, nonfinite);
+}
+
+// The rescan of a chained launch's sequences with non-finite results (nonfinite_rescan.h), launched
+// after it on the same stream, whose kernel boundary orders every chunk's results before the rescan:
+// a block per group of sequences, a warp per sequence.
+constexpr int kRescanWarps = 4;
+
+template <typename T, typename C, typename PolicyT, typename Params>
+__global__ void __launch_bounds__(kRescanWarps * kWarp) pipe_rescan_kernel(const __grid_constant__ Params params) {
+  PipeThread<T, C, PolicyT::config, false>::rescan_flagged(params);
 }
 
 }  // namespace linrec::cuda::pipe
