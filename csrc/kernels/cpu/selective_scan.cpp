@@ -1,7 +1,8 @@
-// The selective-scan ops on the CPU (ssm/sequential.h), spread over the intra-op pool: the forward
-// one (batch row, channel) per task; the backward one run of channels per task, chosen so that the
-// channels sharing a varying B or C group stay in one task, which then adds their gradient terms in
-// a fixed order (deterministic, without atomics).
+// The selective-scan ops on the CPU, spread over the intra-op pool: a real float32 state in vectors of
+// channels (ssm/lanes.h), one run of up to a vector's lanes of channels per forward task; any other
+// state (complex, float64) one (batch row, channel) at a time (ssm/sequential.h). The backward's tasks
+// keep the channels sharing a varying B or C group together, so that their gradient terms add up in a
+// fixed order (deterministic, without atomics).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/BFloat16.h>
@@ -9,7 +10,9 @@
 
 #include <numeric>
 
+#include "linrec/cpu/isa.h"
 #include "linrec/dispatch.h"
+#include "linrec/ssm/lanes.h"
 #include "linrec/ssm/ops.h"
 #include "linrec/ssm/sequential.h"
 
@@ -29,7 +32,28 @@ void dispatch_values(const ForwardParams& params, Body&& body) {
   });
 }
 
+// Lanes of float32 at the vector width of `isa`.
+int64_t float_lanes(cpu::Isa isa) { return isa == cpu::Isa::Avx512 ? 16 : isa == cpu::Isa::Avx2 ? 8 : 4; }
+
 void forward_cpu(const ForwardParams& params, const Tensor&) {
+  if (lanes::takes(params)) {
+    const cpu::Isa isa = cpu::cpu_isa();
+    const lanes::Runs runs(params, float_lanes(isa));
+    dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
+      if constexpr (std::is_same_v<accumulator_t<T>, float>) {
+        torch::stable::parallel_for(0, params.batch * runs.per_row, 1, [&](int64_t begin, int64_t end) {
+          lanes::ForwardBuffers buffers(params);
+          for (int64_t task = begin; task < end; ++task) {
+            const int64_t b = task / runs.per_row, r = task % runs.per_row;
+            cpu::with_vector_width(isa, [&]<int Bytes>() {
+              lanes::forward<T, Bytes>(params, b, runs.first(r), runs.count(r), buffers);
+            });
+          }
+        });
+      }
+    });
+    return;
+  }
   dispatch_values(params, [&]<typename T, typename S>() {
     torch::stable::parallel_for(0, params.batch * params.d, 1, [&](int64_t begin, int64_t end) {
       sequential::ForwardBuffers<T, S> buffers(params);
@@ -47,7 +71,32 @@ int64_t channels_per_task(const BackwardParams& params) {
   return params.d / groups;
 }
 
+// The lanes' backward: without a varying projection, a task per run of channels (as the forward's);
+// with one, a task per whole groups (channels_per_task), each run of them in turn.
+void backward_lanes(const BackwardParams& params) {
+  const cpu::Isa isa = cpu::cpu_isa();
+  const lanes::Runs runs(params, float_lanes(isa));
+  const bool varying = params.B.varying || params.C.varying;
+  const int64_t runs_per_task = varying ? channels_per_task(params) / runs.unit * runs.per_unit : 1;
+  const int64_t tasks_per_row = runs.per_row / runs_per_task;
+  dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
+    if constexpr (std::is_same_v<accumulator_t<T>, float>) {
+      torch::stable::parallel_for(0, params.batch * tasks_per_row, 1, [&](int64_t begin, int64_t end) {
+        lanes::BackwardBuffers buffers(params);
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t b = task / tasks_per_row, first = task % tasks_per_row * runs_per_task;
+          for (int64_t r = first; r < first + runs_per_task; ++r)
+            cpu::with_vector_width(isa, [&]<int Bytes>() {
+              lanes::backward<T, Bytes>(params, b, runs.first(r), runs.count(r), buffers);
+            });
+        }
+      });
+    }
+  });
+}
+
 void backward_cpu(const BackwardParams& params, const Tensor&) {
+  if (lanes::takes(params)) return backward_lanes(params);
   const int64_t channels = channels_per_task(params), tasks_per_row = params.d / channels;
   dispatch_values(params, [&]<typename T, typename S>() {
     torch::stable::parallel_for(0, params.batch * tasks_per_row, 1, [&](int64_t begin, int64_t end) {
