@@ -32,8 +32,12 @@ void dispatch_values(const ForwardParams& params, Body&& body) {
   });
 }
 
-// Lanes of float32 at the vector width of `isa`.
-int64_t float_lanes(cpu::Isa isa) { return isa == cpu::Isa::Avx512 ? 16 : isa == cpu::Isa::Avx2 ? 8 : 4; }
+// The lanes' vectors: at most 32 bytes (8 float32 channels), also under AVX-512, whose 64-byte vectors
+// took 1.3 to 1.7 times as long (docs/design.md, Fused selective scan, CPU).
+constexpr int lane_bytes(int vector_bytes) { return vector_bytes < lanes::kMaxBytes ? vector_bytes : lanes::kMaxBytes; }
+int64_t float_lanes(cpu::Isa isa) {
+  return lane_bytes(isa == cpu::Isa::Avx512 ? 64 : isa == cpu::Isa::Avx2 ? 32 : 16) / static_cast<int>(sizeof(float));
+}
 
 void forward_cpu(const ForwardParams& params, const Tensor&) {
   if (lanes::takes(params)) {
@@ -46,7 +50,7 @@ void forward_cpu(const ForwardParams& params, const Tensor&) {
           for (int64_t task = begin; task < end; ++task) {
             const int64_t b = task / runs.per_row, r = task % runs.per_row;
             cpu::with_vector_width(isa, [&]<int Bytes>() {
-              lanes::forward<T, Bytes>(params, b, runs.first(r), runs.count(r), buffers);
+              lanes::forward<T, lane_bytes(Bytes)>(params, b, runs.first(r), runs.count(r), buffers);
             });
           }
         });
@@ -87,7 +91,7 @@ void backward_lanes(const BackwardParams& params) {
           const int64_t b = task / tasks_per_row, first = task % tasks_per_row * runs_per_task;
           for (int64_t r = first; r < first + runs_per_task; ++r)
             cpu::with_vector_width(isa, [&]<int Bytes>() {
-              lanes::backward<T, Bytes>(params, b, runs.first(r), runs.count(r), buffers);
+              lanes::backward<T, lane_bytes(Bytes)>(params, b, runs.first(r), runs.count(r), buffers);
             });
         }
       });

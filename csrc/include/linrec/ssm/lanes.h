@@ -29,8 +29,10 @@ namespace linrec::ssm::lanes {
 
 // Steps of the [step][lane] tiles: a multiple of every lane count.
 constexpr int kTile = 16;
-// Lanes of the widest vector (AVX-512's float32): the buffers' lane stride for every width.
-constexpr int kMaxLanes = 16;
+// The widest vectors the lanes take (cpu/selective_scan.cpp), and their float32 lanes: the buffers'
+// lane stride for every width.
+constexpr int kMaxBytes = 32;
+constexpr int kMaxLanes = kMaxBytes / static_cast<int>(sizeof(float));
 
 // Whether the lanes take a call: a real float32 state (float32, bfloat16 or float16 values).
 inline bool takes(const ForwardParams& p) { return p.state_dtype == DType::Float32; }
@@ -118,16 +120,50 @@ inline void store(float* target, V v) {
   cpu::store(target, v);
 }
 
-// [step][lane] <- `lanes` time rows (`stride` apart) of `steps` steps; lanes past them hold 0.
-template <int W, typename T>
-inline void gather(const T* rows, int64_t stride, int lanes, int steps, float* tile) {
-  for (int l = 0; l < W; ++l)
-    for (int i = 0; i < steps; ++i) tile[i * W + l] = l < lanes ? static_cast<float>(rows[l * stride + i]) : 0.0f;
+// Transposes W vectors of W lanes in place (v[i][l] <-> v[l][i]): log2(W) stages, each swapping the
+// off-diagonal halves of every block of 2H rows and 2H lanes.
+template <typename V, int W, int H, int... L>
+inline V low_halves(V a, V b, std::integer_sequence<int, L...>) {
+  return __builtin_shufflevector(a, b, ((L & H) ? W + L - H : L)...);
 }
-template <int W, typename T>
+template <typename V, int W, int H, int... L>
+inline V high_halves(V a, V b, std::integer_sequence<int, L...>) {
+  return __builtin_shufflevector(a, b, ((L & H) ? W + L : L + H)...);
+}
+template <typename V, int W, int H = W / 2>
+inline void transpose(V* v) {
+  if constexpr (H >= 1) {
+    for (int r = 0; r < W; ++r)
+      if ((r & H) == 0) {
+        const V a = v[r], b = v[r + H];
+        v[r] = low_halves<V, W, H>(a, b, std::make_integer_sequence<int, W>());
+        v[r + H] = high_halves<V, W, H>(a, b, std::make_integer_sequence<int, W>());
+      }
+    transpose<V, W, H / 2>(v);
+  }
+}
+
+// [step][lane] <- `lanes` time rows (`stride` apart) of `steps` steps, W steps at a time loaded as
+// vectors and transposed; lanes past them hold 0.
+template <typename V, int W, typename T>
+inline void gather(const T* rows, int64_t stride, int lanes, int steps, float* tile) {
+  for (int i0 = 0; i0 < steps; i0 += W) {
+    const int count = std::min(W, steps - i0);
+    V v[W];
+    for (int l = 0; l < W; ++l) v[l] = l < lanes ? cpu::load<V>(rows + l * stride + i0, 0, count, 0.0f) : V{};
+    transpose<V, W>(v);
+    for (int i = 0; i < W; ++i) store(tile + (i0 + i) * W, v[i]);
+  }
+}
+template <typename V, int W, typename T>
 inline void scatter(const float* tile, int64_t stride, int lanes, int steps, T* rows) {
-  for (int l = 0; l < lanes; ++l)
-    for (int i = 0; i < steps; ++i) rows[l * stride + i] = static_cast<T>(tile[i * W + l]);
+  for (int i0 = 0; i0 < steps; i0 += W) {
+    const int count = std::min(W, steps - i0);
+    V v[W];
+    for (int i = 0; i < W; ++i) v[i] = load<V>(tile + (i0 + i) * W);
+    transpose<V, W>(v);
+    for (int l = 0; l < lanes; ++l) cpu::store(rows + l * stride + i0, v[l], 0, count);
+  }
 }
 
 // Where the packed sequences start and end along a tile: shared by all lanes.
@@ -239,9 +275,9 @@ void forward(const ForwardParams& p, int64_t b, int64_t first, int lanes, Forwar
       for (int64_t j = 0; j < n; ++j) checkpoints[((ch.row + l) * chunks + c) * n + j] = x[j * W + l];
     for (int64_t t0 = begin; t0 < end; t0 += kTile) {
       const int steps = static_cast<int>(std::min<int64_t>(kTile, end - t0));
-      gather<W>(u + t0, p.length, lanes, steps, buffers.u.data());
-      gather<W>(delta + t0, p.length, lanes, steps, buffers.delta.data());
-      if (z) gather<W>(z + t0, p.length, lanes, steps, buffers.z.data());
+      gather<V, W>(u + t0, p.length, lanes, steps, buffers.u.data());
+      gather<V, W>(delta + t0, p.length, lanes, steps, buffers.delta.data());
+      if (z) gather<V, W>(z + t0, p.length, lanes, steps, buffers.z.data());
       flags.load(p, b, t0, steps);
       for (int i = 0; i < steps; ++i) {
         const int64_t t = t0 + i, s = flags.sequence[i];
@@ -263,7 +299,7 @@ void forward(const ForwardParams& p, int64_t b, int64_t first, int lanes, Forwar
         }
         store(buffers.out.data() + i * W, y);
       }
-      scatter<W>(buffers.out.data(), p.length, lanes, steps, out + t0);
+      scatter<V, W>(buffers.out.data(), p.length, lanes, steps, out + t0);
     }
   }
   p.sequences.for_each_empty(b, [&](int64_t s) {
@@ -274,8 +310,11 @@ void forward(const ForwardParams& p, int64_t b, int64_t first, int lanes, Forwar
 // The buffers of one thread's backward runs. Per state dim and lane: A, fixed B and C, the state, the
 // adjoint passed back, and the sums of A's and fixed B's and C's gradient terms; the state before each
 // tile of a chunk; a tile's states and decays ([step][state dim][lane]) and its varying B's and C's
-// gradient terms ([state dim][step][lane]); per step and lane of a tile, the per-step values.
+// gradient terms ([state dim][step][lane]); per step and lane, u, delta + bias, dt and dt u of a
+// chunk and the other per-step values of a tile.
 struct BackwardBuffers {
+  // The steps of a chunk, in whole tiles.
+  static int64_t chunk_steps(const ForwardParams& p) { return (std::min(kChunk, p.length) + kTile - 1) / kTile * kTile; }
   std::vector<float> A, B, C, state, adjoint, d_A, d_B, d_C, before_tile, states, decays, d_B_terms, d_C_terms;
   std::vector<float> u, delta, dt, dtu, z, d_out, d_sum, d_u, d_delta, d_z;
   explicit BackwardBuffers(const BackwardParams& p)
@@ -283,8 +322,8 @@ struct BackwardBuffers {
         adjoint(p.n * kMaxLanes), d_A(p.n * kMaxLanes), d_B(p.n * kMaxLanes), d_C(p.n * kMaxLanes),
         before_tile((std::min(kChunk, p.length) + kTile - 1) / kTile * p.n * kMaxLanes),
         states(kTile * p.n * kMaxLanes), decays(kTile * p.n * kMaxLanes), d_B_terms(kTile * p.n * kMaxLanes),
-        d_C_terms(kTile * p.n * kMaxLanes), u(kTile * kMaxLanes), delta(kTile * kMaxLanes), dt(kTile * kMaxLanes),
-        dtu(kTile * kMaxLanes), z(kTile * kMaxLanes), d_out(kTile * kMaxLanes), d_sum(kTile * kMaxLanes),
+        d_C_terms(kTile * p.n * kMaxLanes), u(chunk_steps(p) * kMaxLanes), delta(chunk_steps(p) * kMaxLanes),
+        dt(chunk_steps(p) * kMaxLanes), dtu(chunk_steps(p) * kMaxLanes), z(kTile * kMaxLanes), d_out(kTile * kMaxLanes), d_sum(kTile * kMaxLanes),
         d_u(kTile * kMaxLanes), d_delta(kTile * kMaxLanes), d_z(kTile * kMaxLanes) {}
 };
 
@@ -329,23 +368,27 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
   float* d_C_rows = p.C.varying ? static_cast<float*>(p.d_C) + ch.C_first : nullptr;
   TileSteps flags;
 
-  // Steps [t0, t0 + steps) from the states before them (x): dt and dt u per step, then the states and,
-  // where kept, each step's states and decays.
-  const auto load_steps = [&](int64_t t0, int steps) {
-    gather<W>(u + t0, p.length, lanes, steps, bf.u.data());
-    gather<W>(delta + t0, p.length, lanes, steps, bf.delta.data());
-    flags.load(p, b, t0, steps);
-    for (int i = 0; i < steps; ++i) {
-      const V shifted = load<V>(bf.delta.data() + i * W) + bias;
+  // The per-step values of steps [t0, t0 + steps) of the chunk from `begin`: u, delta + bias, dt and
+  // dt u, kept for the whole chunk at [t0 - begin].
+  const auto load_steps = [&](int64_t begin, int64_t t0, int steps) {
+    const int64_t at = (t0 - begin) * W;
+    gather<V, W>(u + t0, p.length, lanes, steps, bf.u.data() + at);
+    gather<V, W>(delta + t0, p.length, lanes, steps, bf.delta.data() + at);
+    for (int64_t i = at; i < at + steps * W; i += W) {
+      const V shifted = load<V>(bf.delta.data() + i) + bias;
       const V dt = p.delta_softplus ? softplus(shifted) : shifted;
-      store(bf.delta.data() + i * W, shifted);
-      store(bf.dt.data() + i * W, dt);
-      store(bf.dtu.data() + i * W, dt * load<V>(bf.u.data() + i * W));
+      store(bf.delta.data() + i, shifted);
+      store(bf.dt.data() + i, dt);
+      store(bf.dtu.data() + i, dt * load<V>(bf.u.data() + i));
     }
   };
-  const auto run_steps = [&](int64_t t0, int steps, bool keep) {
+  // Runs the states (x) over steps [t0, t0 + steps) of the chunk from `begin`; with `keep`, keeps each
+  // step's states and decays.
+  const auto run_steps = [&](int64_t begin, int64_t t0, int steps, bool keep) {
+    flags.load(p, b, t0, steps);
     for (int i = 0; i < steps; ++i) {
-      const V dt = load<V>(bf.dt.data() + i * W), dtu = load<V>(bf.dtu.data() + i * W);
+      const int64_t at = (t0 - begin + i) * W;
+      const V dt = load<V>(bf.dt.data() + at), dtu = load<V>(bf.dtu.data() + at);
       for (int64_t j = 0; j < n; ++j) {
         const V a = cpu::exp(dt * load<V>(A + j * W));
         const V before = flags.starts[i] ? ch.state_of(p.initial, flags.sequence[i], j) : load<V>(x + j * W);
@@ -368,21 +411,22 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
       const int64_t t0 = begin + tile * kTile;
       std::copy(x, x + n * W, bf.before_tile.data() + tile * n * W);
       const int steps = static_cast<int>(std::min<int64_t>(kTile, end - t0));
-      load_steps(t0, steps);
-      run_steps(t0, steps, false);
+      load_steps(begin, t0, steps);
+      run_steps(begin, t0, steps, false);
     }
     for (int tile = tiles - 1; tile >= 0; --tile) {
       const int64_t t0 = begin + tile * kTile;
       const int steps = static_cast<int>(std::min<int64_t>(kTile, end - t0));
       const float* before_tile = bf.before_tile.data() + tile * n * W;
       std::copy(before_tile, before_tile + n * W, x);
-      load_steps(t0, steps);
-      run_steps(t0, steps, true);
-      gather<W>(d_out + t0, p.length, lanes, steps, bf.d_out.data());
-      if (z) gather<W>(z + t0, p.length, lanes, steps, bf.z.data());
+      run_steps(begin, t0, steps, true);
+      const float *u_at = bf.u.data() + (t0 - begin) * W, *delta_at = bf.delta.data() + (t0 - begin) * W;
+      const float *dt_at = bf.dt.data() + (t0 - begin) * W, *dtu_at = bf.dtu.data() + (t0 - begin) * W;
+      gather<V, W>(d_out + t0, p.length, lanes, steps, bf.d_out.data());
+      if (z) gather<V, W>(z + t0, p.length, lanes, steps, bf.z.data());
       // The per-step gradients that come before the state dims': the gate's, D's and the output sum's.
       for (int i = 0; i < steps; ++i) {
-        const V u_i = load<V>(bf.u.data() + i * W), d_out_i = load<V>(bf.d_out.data() + i * W);
+        const V u_i = load<V>(u_at + i * W), d_out_i = load<V>(bf.d_out.data() + i * W);
         V d_y = d_out_i;
         if (z) {
           V sum{};
@@ -397,7 +441,7 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
       }
       for (int i = steps - 1; i >= 0; --i) {
         const int64_t t = t0 + i, s = flags.sequence[i];
-        const V dt = load<V>(bf.dt.data() + i * W), dtu = load<V>(bf.dtu.data() + i * W);
+        const V dt = load<V>(dt_at + i * W), dtu = load<V>(dtu_at + i * W);
         const V d_sum = load<V>(bf.d_sum.data() + i * W);
         V d_input{}, d_dt{};
         for (int64_t j = 0; j < n; ++j) {
@@ -423,15 +467,15 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
           }
         }
         const V d_u_i = cpu::multiply_add(d_input, dt, load<V>(bf.d_sum.data() + i * W) * D);
-        d_dt = cpu::multiply_add(d_input, load<V>(bf.u.data() + i * W), d_dt);
-        const V d_delta_i = p.delta_softplus ? d_dt * softplus_slope(load<V>(bf.delta.data() + i * W)) : d_dt;
+        d_dt = cpu::multiply_add(d_input, load<V>(u_at + i * W), d_dt);
+        const V d_delta_i = p.delta_softplus ? d_dt * softplus_slope(load<V>(delta_at + i * W)) : d_dt;
         d_bias = d_bias + d_delta_i;
         store(bf.d_u.data() + i * W, d_u_i);
         store(bf.d_delta.data() + i * W, d_delta_i);
       }
-      scatter<W>(bf.d_u.data(), p.length, lanes, steps, d_u + t0);
-      scatter<W>(bf.d_delta.data(), p.length, lanes, steps, d_delta + t0);
-      if (z) scatter<W>(bf.d_z.data(), p.length, lanes, steps, d_z + t0);
+      scatter<V, W>(bf.d_u.data(), p.length, lanes, steps, d_u + t0);
+      scatter<V, W>(bf.d_delta.data(), p.length, lanes, steps, d_delta + t0);
+      if (z) scatter<V, W>(bf.d_z.data(), p.length, lanes, steps, d_z + t0);
       if (d_B_rows) add_lane_sums<V, W>(bf.d_B_terms.data(), n, steps, p.length, d_B_rows + t0);
       if (d_C_rows) add_lane_sums<V, W>(bf.d_C_terms.data(), n, steps, p.length, d_C_rows + t0);
     }
