@@ -282,9 +282,15 @@ inline V exp(V x) {
   constexpr A kLn2Low = kDouble ? 1.90821492927058770002e-10 : 1.428606765330187045e-06f;
   const V k = (x * kLog2e + kRound) - kRound;
   const V r = (x - k * kLn2High) - k * kLn2Low;
+  // Horner's scheme on the coefficients 1/k!, one multiply-add a degree.
   constexpr int kDegree = kDouble ? 13 : 7;
-  V p = splat<V>(A(1));
-  for (int n = kDegree; n >= 1; --n) p = p * r * (A(1) / A(n)) + A(1);  // Horner: 1 + r/1 (1 + r/2 (...))
+  A factorial = 1;
+  for (int n = 2; n <= kDegree; ++n) factorial *= n;
+  V p = splat<V>(A(1) / factorial);
+  for (int n = kDegree; n >= 1; --n) {
+    factorial /= n;
+    p = multiply_add(p, r, splat<V>(A(1) / factorial));
+  }
   const BitsV exponent = __builtin_convertvector(k, BitsV) << (kDouble ? 52 : 23);
   return (V)((BitsV)p + exponent);
 }

@@ -64,19 +64,19 @@ inline V sigmoid(V x) {
 
 // softplus(x) = max(x, 0) + log1p(t), t = exp(-|x|), with log1p(t) = 2 atanh(s), s = t / (2 + t) <=
 // 1/3, by its odd series to s^13 (truncation below 2^-26 relative); x itself above 20, as torch does.
+// With `slope`, also its derivative sigmoid(x) from the same t: 1 / (1 + t), or t / (1 + t) below 0.
 template <typename V>
-inline V softplus(V x) {
+inline V softplus(V x, V* slope = nullptr) {
   const V t = cpu::exp(x < 0 ? x : -x);
   const V s = t / (2.0f + t), s2 = s * s;
   V series = cpu::splat<V>(1.0f / 13.0f);
   for (const float c : {1.0f / 11.0f, 1.0f / 9.0f, 1.0f / 7.0f, 1.0f / 5.0f, 1.0f / 3.0f}) series = series * s2 + c;
   const V log1p_t = 2.0f * (s * s2 * series + s);
+  if (slope) {
+    const V q = 1.0f / (1.0f + t);
+    *slope = x > 20.0f ? cpu::splat<V>(1.0f) : x >= 0 ? q : t * q;
+  }
   return x > 20.0f ? x : (x > 0 ? x : V{}) + log1p_t;
-}
-
-template <typename V>
-inline V softplus_slope(V x) {
-  return x > 20.0f ? cpu::splat<V>(1.0f) : sigmoid(x);
 }
 
 // The sum over the lanes of each of W vectors, v[bitreversed(i)] the i-th: lane i of the result. Each
@@ -310,7 +310,7 @@ void forward(const ForwardParams& p, int64_t b, int64_t first, int lanes, Forwar
 // The buffers of one thread's backward runs. Per state dim and lane: A, fixed B and C, the state, the
 // adjoint passed back, and the sums of A's and fixed B's and C's gradient terms; the state before each
 // tile of a chunk; a tile's states and decays ([step][state dim][lane]) and its varying B's and C's
-// gradient terms ([state dim][step][lane]); per step and lane, u, delta + bias, dt and dt u of a
+// gradient terms ([state dim][step][lane]); per step and lane, u, dt's slope in delta, dt and dt u of a
 // chunk and the other per-step values of a tile.
 struct BackwardBuffers {
   // The steps of a chunk, in whole tiles.
@@ -368,16 +368,17 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
   float* d_C_rows = p.C.varying ? static_cast<float*>(p.d_C) + ch.C_first : nullptr;
   TileSteps flags;
 
-  // The per-step values of steps [t0, t0 + steps) of the chunk from `begin`: u, delta + bias, dt and
-  // dt u, kept for the whole chunk at [t0 - begin].
+  // The per-step values of steps [t0, t0 + steps) of the chunk from `begin`: u, the slope of dt in
+  // delta, dt and dt u, kept for the whole chunk at [t0 - begin].
   const auto load_steps = [&](int64_t begin, int64_t t0, int steps) {
     const int64_t at = (t0 - begin) * W;
     gather<V, W>(u + t0, p.length, lanes, steps, bf.u.data() + at);
     gather<V, W>(delta + t0, p.length, lanes, steps, bf.delta.data() + at);
     for (int64_t i = at; i < at + steps * W; i += W) {
       const V shifted = load<V>(bf.delta.data() + i) + bias;
-      const V dt = p.delta_softplus ? softplus(shifted) : shifted;
-      store(bf.delta.data() + i, shifted);
+      V slope = cpu::splat<V>(1.0f);
+      const V dt = p.delta_softplus ? softplus(shifted, &slope) : shifted;
+      store(bf.delta.data() + i, slope);
       store(bf.dt.data() + i, dt);
       store(bf.dtu.data() + i, dt * load<V>(bf.u.data() + i));
     }
@@ -420,7 +421,7 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
       const float* before_tile = bf.before_tile.data() + tile * n * W;
       std::copy(before_tile, before_tile + n * W, x);
       run_steps(begin, t0, steps, true);
-      const float *u_at = bf.u.data() + (t0 - begin) * W, *delta_at = bf.delta.data() + (t0 - begin) * W;
+      const float *u_at = bf.u.data() + (t0 - begin) * W, *slope_at = bf.delta.data() + (t0 - begin) * W;
       const float *dt_at = bf.dt.data() + (t0 - begin) * W, *dtu_at = bf.dtu.data() + (t0 - begin) * W;
       gather<V, W>(d_out + t0, p.length, lanes, steps, bf.d_out.data());
       if (z) gather<V, W>(z + t0, p.length, lanes, steps, bf.z.data());
@@ -468,7 +469,7 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
         }
         const V d_u_i = cpu::multiply_add(d_input, dt, load<V>(bf.d_sum.data() + i * W) * D);
         d_dt = cpu::multiply_add(d_input, load<V>(u_at + i * W), d_dt);
-        const V d_delta_i = p.delta_softplus ? d_dt * softplus_slope(load<V>(delta_at + i * W)) : d_dt;
+        const V d_delta_i = d_dt * load<V>(slope_at + i * W);
         d_bias = d_bias + d_delta_i;
         store(bf.d_u.data() + i * W, d_u_i);
         store(bf.d_delta.data() + i * W, d_delta_i);
