@@ -168,23 +168,10 @@ inline void scatter(const float* tile, int64_t stride, int lanes, int steps, T* 
 
 // Where the packed sequences start and end along a tile: shared by all lanes.
 struct TileSteps {
-  bool starts[kTile], ends[kTile];
+  uint8_t starts[kTile], ends[kTile];
   int64_t sequence[kTile];
   void load(const ForwardParams& p, int64_t b, int64_t t0, int steps) {
-    const Sequences& q = p.sequences;
-    int64_t s = q.packed() ? q.sequence_at(t0) : b;
-    for (int i = 0; i < steps; ++i) {
-      const int64_t t = t0 + i;
-      if (q.packed()) {
-        s = q.forward_to(s, t);
-        starts[i] = q.boundary(s) == t;
-        ends[i] = q.boundary(s + 1) - 1 == t;
-      } else {
-        starts[i] = t == 0;
-        ends[i] = t == p.length - 1;
-      }
-      sequence[i] = s;
-    }
+    sequential::sequences_of_steps(p, b, t0, steps, sequence, starts, ends);
   }
 };
 
@@ -210,6 +197,12 @@ struct Channels {
     if (data)
       for (int l = 0; l < lanes; ++l) v[l] = static_cast<const float*>(data)[first + l];
     return v;
+  }
+  // [j][lane] <- A's, and fixed B's and C's, elements (channel, j).
+  void per_state_dim(float* A, float* B, float* C) const {
+    per_state_dim(nullptr, p.A, A);
+    if (!p.B.varying) per_state_dim(&p.B, nullptr, B);
+    if (!p.C.varying) per_state_dim(&p.C, nullptr, C);
   }
   // [j][lane] <- element (channel, j) of a (d, n) operand, for every state dim.
   void per_state_dim(const Projection* M, const void* A, float* target) const {
@@ -260,9 +253,7 @@ void forward(const ForwardParams& p, int64_t b, int64_t first, int lanes, Forwar
   const Ch ch(p, b, first, lanes);
   const int64_t n = p.n, chunks = chunks_of(p.length);
   float *A = buffers.A.data(), *B = buffers.B.data(), *C = buffers.C.data(), *x = buffers.state.data();
-  ch.per_state_dim(nullptr, p.A, A);
-  if (!p.B.varying) ch.per_state_dim(&p.B, nullptr, B);
-  if (!p.C.varying) ch.per_state_dim(&p.C, nullptr, C);
+  ch.per_state_dim(A, B, C);
   std::fill(x, x + n * W, 0.0f);
   const V D = ch.per_channel(p.D), bias = ch.per_channel(p.delta_bias);
   const T *u = ch.time_rows(p.u), *delta = ch.time_rows(p.delta), *z = p.z ? ch.time_rows(p.z) : nullptr;
@@ -352,9 +343,7 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
   const int64_t n = p.n, chunks = chunks_of(p.length);
   auto& bf = buffers;
   float *A = bf.A.data(), *B = bf.B.data(), *C = bf.C.data(), *x = bf.state.data(), *g = bf.adjoint.data();
-  ch.per_state_dim(nullptr, p.A, A);
-  if (!p.B.varying) ch.per_state_dim(&p.B, nullptr, B);
-  if (!p.C.varying) ch.per_state_dim(&p.C, nullptr, C);
+  ch.per_state_dim(A, B, C);
   for (std::vector<float>* zeroed : {&bf.adjoint, &bf.d_A, &bf.d_B, &bf.d_C})
     std::fill(zeroed->begin(), zeroed->begin() + n * W, 0.0f);
   const V D = ch.per_channel(p.D), bias = ch.per_channel(p.delta_bias);

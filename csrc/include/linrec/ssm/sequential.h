@@ -64,6 +64,26 @@ struct Row {
 // The steps a chunk holds at most in a call of `length` steps.
 inline int64_t chunk_capacity(int64_t length) { return std::min(kChunk, length); }
 
+// Each step's sequence in steps [begin, begin + count) of batch row b, and whether the step starts or
+// ends it: the same for every channel of the row.
+inline void sequences_of_steps(const ForwardParams& p, int64_t b, int64_t begin, int64_t count, int64_t* sequence,
+                               uint8_t* starts, uint8_t* ends) {
+  const Sequences& q = p.sequences;
+  int64_t s = q.packed() ? q.sequence_at(begin) : b;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t t = begin + i;
+    if (q.packed()) {
+      s = q.forward_to(s, t);
+      starts[i] = q.boundary(s) == t;
+      ends[i] = q.boundary(s + 1) - 1 == t;
+    } else {
+      starts[i] = t == 0;
+      ends[i] = t == p.length - 1;
+    }
+    sequence[i] = s;
+  }
+}
+
 // The per-step values of one row's chunk [begin, end), formed once for all its state dims: the step
 // size, its product with u, and each step's sequence, with whether the step starts or ends it.
 // `capacity` steps at most; also the stride of the per-step buffers kept for each state dim.
@@ -81,25 +101,15 @@ struct ChunkSteps {
 
   void load(const Row<T, S>& r, int64_t begin_, int64_t end) {
     const ForwardParams& p = r.p;
-    const Sequences& q = p.sequences;
     begin = begin_, count = end - begin_;
     const R bias = r.per_channel(p.delta_bias);
-    int64_t s = q.packed() ? q.sequence_at(begin) : r.b;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t t = begin + i;
       u[i] = r.at(p.u, t);
       dt[i] = step_size(r.at(p.delta, t), bias, p.delta_softplus);
       dtu[i] = dt[i] * u[i];
-      if (q.packed()) {
-        s = q.forward_to(s, t);
-        starts[i] = q.boundary(s) == t;
-        ends[i] = q.boundary(s + 1) - 1 == t;
-      } else {
-        starts[i] = t == 0;
-        ends[i] = t == p.length - 1;
-      }
-      sequence[i] = s;
     }
+    sequences_of_steps(p, r.b, begin, count, sequence.data(), starts.data(), ends.data());
   }
 };
 
