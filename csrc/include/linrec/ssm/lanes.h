@@ -6,8 +6,9 @@
 // (softplus, the gate, loads and stores) is shared by W channels and no longer by the n state dims
 // alone, which made the per-channel loop (ssm/sequential.h) slow at small n. The time rows are moved
 // into [step][lane] tiles of kTile steps and back (the tensors are time-last). The backward recomputes
-// each chunk's states from its checkpoint, keeping the state before each tile, then walks the tiles
-// from last to first, recomputing a tile's states and decays and walking the adjoint back over them.
+// each chunk's states from its checkpoint, keeping the state before each tile (and at small n every
+// state and decay of the chunk), then walks the tiles from last to first, recomputing a tile's states
+// and decays where they were not kept and walking the adjoint back over them.
 // A varying B's and C's gradient terms are sums over channels: each tile's terms are added across
 // the lanes W steps at a time (a transposing reduction) and added to the gradient's row in a fixed
 // order. Host-only; cpu/selective_scan.cpp runs the channel groups on the intra-op pool, each inside
@@ -29,6 +30,9 @@ namespace linrec::ssm::lanes {
 
 // Steps of the [step][lane] tiles: a multiple of every lane count.
 constexpr int kTile = 16;
+// The backward keeps a whole chunk's states and decays, rather than recomputing each tile's, where
+// they take at most this many (state dim, step) pairs: n <= 8 at chunks of 512 steps.
+constexpr int64_t kKeptStateSteps = 4096;
 // The widest vectors the lanes take (cpu/selective_scan.cpp), and their float32 lanes: the buffers'
 // lane stride for every width.
 constexpr int kMaxBytes = 32;
@@ -306,13 +310,15 @@ void forward(const ForwardParams& p, int64_t b, int64_t first, int lanes, Forwar
 struct BackwardBuffers {
   // The steps of a chunk, in whole tiles.
   static int64_t chunk_steps(const ForwardParams& p) { return (std::min(kChunk, p.length) + kTile - 1) / kTile * kTile; }
+  static bool keeps_chunk(const ForwardParams& p) { return p.n * chunk_steps(p) <= kKeptStateSteps; }
+  static int64_t kept_steps(const ForwardParams& p) { return keeps_chunk(p) ? chunk_steps(p) : kTile; }
   std::vector<float> A, B, C, state, adjoint, d_A, d_B, d_C, before_tile, states, decays, d_B_terms, d_C_terms;
   std::vector<float> u, delta, dt, dtu, z, d_out, d_sum, d_u, d_delta, d_z;
   explicit BackwardBuffers(const BackwardParams& p)
       : A(p.n * kMaxLanes), B(p.n * kMaxLanes), C(p.n * kMaxLanes), state(p.n * kMaxLanes),
         adjoint(p.n * kMaxLanes), d_A(p.n * kMaxLanes), d_B(p.n * kMaxLanes), d_C(p.n * kMaxLanes),
         before_tile((std::min(kChunk, p.length) + kTile - 1) / kTile * p.n * kMaxLanes),
-        states(kTile * p.n * kMaxLanes), decays(kTile * p.n * kMaxLanes), d_B_terms(kTile * p.n * kMaxLanes),
+        states(kept_steps(p) * p.n * kMaxLanes), decays(kept_steps(p) * p.n * kMaxLanes), d_B_terms(kTile * p.n * kMaxLanes),
         d_C_terms(kTile * p.n * kMaxLanes), u(chunk_steps(p) * kMaxLanes), delta(chunk_steps(p) * kMaxLanes),
         dt(chunk_steps(p) * kMaxLanes), dtu(chunk_steps(p) * kMaxLanes), z(kTile * kMaxLanes), d_out(kTile * kMaxLanes), d_sum(kTile * kMaxLanes),
         d_u(kTile * kMaxLanes), d_delta(kTile * kMaxLanes), d_z(kTile * kMaxLanes) {}
@@ -342,6 +348,7 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
   const Ch ch(p, b, first, lanes);
   const int64_t n = p.n, chunks = chunks_of(p.length);
   auto& bf = buffers;
+  const bool keeps_chunk = BackwardBuffers::keeps_chunk(p);
   float *A = bf.A.data(), *B = bf.B.data(), *C = bf.C.data(), *x = bf.state.data(), *g = bf.adjoint.data();
   ch.per_state_dim(A, B, C);
   for (std::vector<float>* zeroed : {&bf.adjoint, &bf.d_A, &bf.d_B, &bf.d_C})
@@ -372,10 +379,9 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
       store(bf.dtu.data() + i, dt * load<V>(bf.u.data() + i));
     }
   };
-  // Runs the states (x) over steps [t0, t0 + steps) of the chunk from `begin`; with `keep`, keeps each
-  // step's states and decays.
-  const auto run_steps = [&](int64_t begin, int64_t t0, int steps, bool keep) {
-    flags.load(p, b, t0, steps);
+  // Runs the states (x) over steps [t0, t0 + steps) of the chunk from `begin`; where `states` is given,
+  // keeps each step's states and decays there ([step][state dim][lane] from t0). `flags` hold the steps'.
+  const auto run_steps = [&](int64_t begin, int64_t t0, int steps, float* states, float* decays) {
     for (int i = 0; i < steps; ++i) {
       const int64_t at = (t0 - begin + i) * W;
       const V dt = load<V>(bf.dt.data() + at), dtu = load<V>(bf.dtu.data() + at);
@@ -384,9 +390,9 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
         const V before = flags.starts[i] ? ch.state_of(p.initial, flags.sequence[i], j) : load<V>(x + j * W);
         const V x_j = cpu::multiply_add(a, before, dtu * ch.B(j, t0 + i, B));
         store(x + j * W, x_j);
-        if (keep) {
-          store(bf.states.data() + (i * n + j) * W, x_j);
-          store(bf.decays.data() + (i * n + j) * W, a);
+        if (states) {
+          store(states + (i * n + j) * W, x_j);
+          store(decays + (i * n + j) * W, a);
         }
       }
     }
@@ -402,14 +408,21 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
       std::copy(x, x + n * W, bf.before_tile.data() + tile * n * W);
       const int steps = static_cast<int>(std::min<int64_t>(kTile, end - t0));
       load_steps(begin, t0, steps);
-      run_steps(begin, t0, steps, false);
+      flags.load(p, b, t0, steps);
+      const int64_t kept = keeps_chunk ? (t0 - begin) * n * W : 0;
+      run_steps(begin, t0, steps, keeps_chunk ? bf.states.data() + kept : nullptr, bf.decays.data() + kept);
     }
     for (int tile = tiles - 1; tile >= 0; --tile) {
       const int64_t t0 = begin + tile * kTile;
       const int steps = static_cast<int>(std::min<int64_t>(kTile, end - t0));
       const float* before_tile = bf.before_tile.data() + tile * n * W;
-      std::copy(before_tile, before_tile + n * W, x);
-      run_steps(begin, t0, steps, true);
+      const int64_t kept = keeps_chunk ? (t0 - begin) * n * W : 0;
+      const float *states = bf.states.data() + kept, *decays = bf.decays.data() + kept;
+      flags.load(p, b, t0, steps);
+      if (!keeps_chunk) {
+        std::copy(before_tile, before_tile + n * W, x);
+        run_steps(begin, t0, steps, bf.states.data(), bf.decays.data());
+      }
       const float *u_at = bf.u.data() + (t0 - begin) * W, *slope_at = bf.delta.data() + (t0 - begin) * W;
       const float *dt_at = bf.dt.data() + (t0 - begin) * W, *dtu_at = bf.dtu.data() + (t0 - begin) * W;
       gather<V, W>(d_out + t0, p.length, lanes, steps, bf.d_out.data());
@@ -421,7 +434,7 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
         if (z) {
           V sum{};
           for (int64_t j = 0; j < n; ++j)
-            sum = cpu::multiply_add(ch.C(j, t0 + i, C), load<V>(bf.states.data() + (i * n + j) * W), sum);
+            sum = cpu::multiply_add(ch.C(j, t0 + i, C), load<V>(states + (i * n + j) * W), sum);
           const V z_i = load<V>(bf.z.data() + i * W), y = cpu::multiply_add(D, u_i, sum), s = sigmoid(z_i);
           d_y = d_out_i * (z_i * s);
           store(bf.d_z.data() + i * W, d_out_i * y * (s * (1.0f + z_i * (1.0f - s))));
@@ -435,11 +448,11 @@ void backward(const BackwardParams& p, int64_t b, int64_t first, int lanes, Back
         const V d_sum = load<V>(bf.d_sum.data() + i * W);
         V d_input{}, d_dt{};
         for (int64_t j = 0; j < n; ++j) {
-          const V a = load<V>(bf.decays.data() + (i * n + j) * W), x_j = load<V>(bf.states.data() + (i * n + j) * W);
+          const V a = load<V>(decays + (i * n + j) * W), x_j = load<V>(states + (i * n + j) * W);
           const V adjoint = cpu::multiply_add(d_sum, ch.C(j, t, C),
                                               flags.ends[i] ? ch.state_of(p.d_last_state, s, j) : load<V>(g + j * W));
           const V before = flags.starts[i] ? ch.state_of(p.initial, s, j)
-                           : i > 0         ? load<V>(bf.states.data() + ((i - 1) * n + j) * W)
+                           : i > 0         ? load<V>(states + ((i - 1) * n + j) * W)
                                            : load<V>(before_tile + j * W);
           const V d_decay_a = adjoint * before * a;  // d out / d (dt A)
           d_input = cpu::multiply_add(adjoint, ch.B(j, t, B), d_input);
