@@ -40,6 +40,7 @@ int64_t float_lanes(cpu::Isa isa) {
 }
 
 void forward_cpu(const ForwardParams& params, const Tensor&) {
+  if (params.d == 0) return;  // every output is empty
   if (lanes::takes(params)) {
     const cpu::Isa isa = cpu::cpu_isa();
     const lanes::Runs runs(params, float_lanes(isa));
@@ -100,6 +101,7 @@ void backward_lanes(const BackwardParams& params) {
 }
 
 void backward_cpu(const BackwardParams& params, const Tensor&) {
+  if (params.d == 0) return;  // every gradient is empty, or zeroed beforehand (varying B and C)
   if (lanes::takes(params)) return backward_lanes(params);
   const int64_t channels = channels_per_task(params), tasks_per_row = params.d / channels;
   dispatch_values(params, [&]<typename T, typename S>() {

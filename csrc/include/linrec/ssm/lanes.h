@@ -1,17 +1,17 @@
 // The selective scan on the CPU for a real float32 state, vectorized across channels: the lanes of a
-// vector are W neighbouring channels of one batch row (W = 16, 8 or 4 at the vector widths cpu/isa.h
-// picks), which share the time structure and, varying B and C being per group, each step's B and C
-// (one broadcast value a state dim). A step costs each state dim one vector exp of dt A, two
-// multiply-adds and, in the forward, one more for the output sum, whatever n is: the per-step work
-// (softplus, the gate, loads and stores) is shared by W channels and no longer by the n state dims
-// alone, which made the per-channel loop (ssm/sequential.h) slow at small n. The time rows are moved
+// vector are W neighbouring channels of one batch row (W = 8, or 4 in the baseline's 16-byte vectors),
+// which share the time structure and, varying B and C being per group, each step's B and C (one
+// broadcast value a state dim). A step costs each state dim one vector exp of dt A, two multiply-adds
+// and, in the forward, one more for the output sum, whatever n is; the per-step work (softplus, the
+// gate, loads and stores) is shared by W channels, where the per-channel loop (ssm/sequential.h)
+// shares it among the n state dims only, which at small n is most of a step. The time rows are moved
 // into [step][lane] tiles of kTile steps and back (the tensors are time-last). The backward recomputes
 // each chunk's states from its checkpoint, keeping the state before each tile (and at small n every
 // state and decay of the chunk), then walks the tiles from last to first, recomputing a tile's states
-// and decays where they were not kept and walking the adjoint back over them.
-// A varying B's and C's gradient terms are sums over channels: each tile's terms are added across
-// the lanes W steps at a time (a transposing reduction) and added to the gradient's row in a fixed
-// order. Host-only; cpu/selective_scan.cpp runs the channel groups on the intra-op pool, each inside
+// and decays where they were not kept and walking the adjoint back over them. A varying B's and C's
+// gradient terms are sums over channels: each tile's terms are added across the lanes W steps at a
+// time (a transposing reduction) and added to the gradient's row in a fixed order. Host-only;
+// cpu/selective_scan.cpp runs the runs of channels on the intra-op pool, each inside
 // cpu::with_vector_width.
 #pragma once
 
