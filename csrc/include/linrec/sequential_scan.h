@@ -1,6 +1,6 @@
 // The recurrence run element after element over strided operands: the CPU kernel for layouts the
 // vector kernels do not take (and complex types), the rescan of sequences whose parallel results hold
-// a non-finite value (CPU rows and every CUDA kernel: nonfinite_rescan.h), and the host reference of
+// a non-finite value (the CUDA kernels' complex types: nonfinite_rescan.h), and the host reference of
 // the standalone CUDA kernel check. Every feature of the params (strides, broadcasting, initial
 // state, packed sequences, log coefficients, complex types) is handled here in its plainest form, with
 // the loop's IEEE semantics: each step multiplies the state by its coefficient.
@@ -16,7 +16,8 @@ namespace linrec {
 // Whether a scan of one sequence of T on the host may stop at its first NaN state and fill the rest:
 // a NaN state stays NaN at every later step (c * NaN + x is NaN), forward and backward, so the loop
 // need not run on. Real types only (a complex state with one NaN part takes a step to turn whole),
-// and on the host only: the device rescans are left as they are until a parallel path replaces them.
+// and on the host only (the CPU sequential family's single rows; the CPU rows family rescans with
+// vectors: cpu/row_rescan.h).
 template <int Lanes, typename T>
 LINREC_HOST_DEVICE constexpr bool stops_at_nan() {
 #if defined(__CUDA_ARCH__)

@@ -2,8 +2,8 @@
 #include "launch.h"
 
 #include "linrec/cpu/channel_scan.h"
+#include "linrec/cpu/row_rescan.h"
 #include "linrec/cpu/row_scan.h"
-#include "linrec/nonfinite_rescan.h"
 #include "linrec/sequential_scan.h"
 
 namespace linrec::cpu_launch {
@@ -35,6 +35,12 @@ struct BackwardRowJob : cpu::BlockedSpan {
     const int64_t first = O == Order::Ascending ? hi - 1 : lo;
     const auto coeff = Scan::coefficient(cpu::load_splat<typename Scan::V>(coeffs + (coeffs_unit ? first : 0)))[0];
     *d_initial = static_cast<C>(coeff * last);
+  }
+  template <int Bytes>
+  void rescan() const {
+    if (*nonfinite)
+      cpu::RowRescan<T, C, Bytes, O, LogCoeffs>::backward({d_outputs, d_outputs_unit}, {coeffs, coeffs_unit}, outputs,
+                                                          d_inputs, d_coeffs, lo, hi, initial, d_initial);
   }
 };
 
@@ -70,7 +76,6 @@ void backward(const BackwardParams& params, const Tensor&) {
             params.d_outputs.time_stride == 1, params.coeffs.time_stride == 1, d_inputs, d_coeffs,
             has_initial ? d_initial + segment * params.d_initial.segment_stride : nullptr, &nonfinite};
         scan(job, A(0));
-        if (nonfinite) rescan_segment<T, C>(params, row, segment);
       });
       return;
     }

@@ -2,8 +2,8 @@
 #include "launch.h"
 
 #include "linrec/cpu/channel_scan.h"
+#include "linrec/cpu/row_rescan.h"
 #include "linrec/cpu/row_scan.h"
-#include "linrec/nonfinite_rescan.h"
 #include "linrec/sequential_scan.h"
 
 namespace linrec::cpu_launch {
@@ -17,6 +17,7 @@ struct ForwardRowJob : cpu::BlockedSpan {
   const C* coeffs;
   bool coeffs_unit;
   T* outputs;
+  const C* initial;  // this sequence's initial state, if any
   const NonfiniteFlag* nonfinite;
 
   template <int Bytes, cpu::Pass P>
@@ -28,6 +29,11 @@ struct ForwardRowJob : cpu::BlockedSpan {
   }
   template <int Bytes>
   void finish(cpu::Acc<T>) const {}
+  template <int Bytes>
+  void rescan() const {
+    if (*nonfinite)
+      cpu::RowRescan<T, C, Bytes, O, LogCoeffs>::forward({inputs, inputs_unit}, {coeffs, coeffs_unit}, outputs, lo, hi, initial);
+  }
 };
 
 }  // namespace
@@ -50,13 +56,13 @@ void forward(const ForwardParams& params, const Tensor&) {
         const auto [row, segment] = row_and_segment(params, sequence);
         const auto [inputs, outputs, coeffs, initial] =
             row_pointers<T, C>(params.shape, row, {&params.inputs, &params.outputs}, {&params.coeffs, &params.initial});
-        const A state = has_initial ? static_cast<A>(initial[segment * params.initial.segment_stride]) : A(0);
+        const C* const entering = has_initial ? initial + segment * params.initial.segment_stride : nullptr;
+        const A state = has_initial ? static_cast<A>(*entering) : A(0);
         const NonfiniteFlag nonfinite;
         const ForwardRowJob<T, C, O, LogCoeffs> job{{params.boundary(segment), params.boundary(segment + 1), O},
                                                     inputs, params.inputs.time_stride == 1, coeffs,
-                                                    params.coeffs.time_stride == 1, outputs, &nonfinite};
+                                                    params.coeffs.time_stride == 1, outputs, entering, &nonfinite};
         scan(job, state);
-        if (nonfinite) rescan_segment<T, C>(params, row, segment);
       });
       return;
     }

@@ -109,21 +109,29 @@ void dispatch_real(const SequenceLayout& layout, Order order, const Body& body) 
 // with_job(sequence, scan) calls scan(job, state) with the sequence's blocked_sequence.h Job and
 // entering state, built in place (returned by value, the job was copied through wide loads of
 // narrow stores, which stalled short sequences). One sequence per task of the pool where there are
-// enough of them, else each split across the pool. `fresh`: no entering state.
+// enough of them, else each split across the pool. `fresh`: no entering state. Once every block of a
+// sequence is scanned, job.template rescan<Bytes>() rescans it where its results hold a non-finite
+// value (cpu/row_rescan.h).
 template <typename WithJob>
 void scan_row_sequences(const SequenceLayout& layout, Isa isa, bool fresh, const WithJob& with_job) {
   const int64_t sequences = layout.num_rows() * layout.num_segments;
   const int64_t threads = torch::stable::get_num_threads();
   if (sequences < threads) {
     for (int64_t sequence = 0; sequence < sequences; ++sequence)
-      with_job(sequence, [&](const auto& job, auto state) { cpu::scan_sequence_split(job, isa, threads, state, fresh); });
+      with_job(sequence, [&](const auto& job, auto state) {
+        cpu::scan_sequence_split(job, isa, threads, state, fresh);
+        cpu::with_vector_width(isa, [&]<int Bytes>() { job.template rescan<Bytes>(); });
+      });
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, layout.numel() / sequences));
   torch::stable::parallel_for(0, sequences, grain, [&](int64_t begin, int64_t end) {
     cpu::with_vector_width(isa, [&]<int Bytes>() {
       for (int64_t sequence = begin; sequence < end; ++sequence)
-        with_job(sequence, [&](const auto& job, auto state) { cpu::scan_blocks<Bytes>(job, 0, job.blocks(), state, fresh); });
+        with_job(sequence, [&](const auto& job, auto state) {
+          cpu::scan_blocks<Bytes>(job, 0, job.blocks(), state, fresh);
+          job.template rescan<Bytes>();
+        });
     });
   });
 }
@@ -215,7 +223,8 @@ int64_t vector_lanes(Isa isa) {
 // The row kernels compose coefficients into products across a vector's lanes, which underflow or
 // overflow where the loop never forms them (an Inf state times an underflowed product is NaN where
 // the loop keeps +-Inf): a sequence whose results hold a non-finite value (row_scan.h's
-// NonfiniteWitness) is scanned again by the plain recurrence from its first one (nonfinite_rescan.h).
+// NonfiniteWitness) is scanned again by the plain recurrence from its first one, vectors taking over
+// past its first non-finite state (cpu/row_rescan.h).
 // The channels and sequential families run the plain recurrence already.
 // Set by the spans of a sequence (several threads where it is split) that write a non-finite result.
 struct NonfiniteFlag {

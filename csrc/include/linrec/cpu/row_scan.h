@@ -139,6 +139,35 @@ class NonfiniteWitness {
 // What a pass over a span does: write outputs, compose the span's map, or both.
 enum Pass { kScan = 1, kMap = 2, kScanAndMap = 3 };
 
+// The steps a pass scans: the recurrence's own (LoopSteps), or those that give its states once they
+// are non-finite (InfiniteSteps, row_rescan.h). Past a state of +-Inf every state is +-Inf or NaN:
+// c * s + x only sets the sign of an infinite s (c's sign) or turns it NaN (c zero or NaN, x NaN or the
+// infinity of the other sign), so the loop's states there are those of s = c' * s + x', c' the sign
+// of c (NaN where c is 0 or NaN) and x' = x where x is not finite, else 0. Its products of
+// coefficients are +-1 or NaN and its sums infinities of one sign or NaN: exact in any order, so that
+// the window scan gives the loop's states.
+struct LoopSteps {
+  template <typename V>
+  static void transform(V&, V&) {}
+};
+
+struct InfiniteSteps {
+  template <typename V>
+  static void transform(V& coeff, V& input) {
+    using A = std::remove_cvref_t<decltype(V{}[0])>;
+    using Bits = typename LanesOf<LaneBits<A>, sizeof(V) / sizeof(A)>::type;
+    constexpr LaneBits<A> kMagnitude = std::numeric_limits<LaneBits<A>>::max();
+    constexpr LaneBits<A> kInfinity = std::bit_cast<LaneBits<A>>(std::numeric_limits<A>::infinity());
+    constexpr LaneBits<A> kNan = std::bit_cast<LaneBits<A>>(std::numeric_limits<A>::quiet_NaN());
+    constexpr LaneBits<A> kOne = std::bit_cast<LaneBits<A>>(A(1));
+    // Integer compares: GCC lowers float compares of vector extensions lane by lane.
+    const Bits c = (Bits)coeff, c_magnitude = c & kMagnitude;
+    const Bits sign = (c & ~kMagnitude) | kOne;
+    coeff = (V)((c_magnitude == 0) | (c_magnitude > kInfinity) ? splat<Bits>(kNan) : sign);
+    input = (V)(((Bits)input & kMagnitude) >= kInfinity ? (Bits)input : Bits{});
+  }
+};
+
 // One operand's row: element t at data[t], or data[0] for every t (broadcast along time).
 template <typename Pointer>
 struct RowOperand {
@@ -327,9 +356,10 @@ struct RowScanPass {
   // After the window scan of vector j: whether an uncompensated pass goes on. Inner vectors carry by
   // products of W coefficients each; the first and last, whose windows reach past the span, carry
   // once each and compound nothing.
-  template <bool Full>
+  // InfiniteSteps carry by products of +-1 or NaN, exact: nothing to watch.
+  template <bool Full, typename Steps>
   static bool carry_within_bound(CarryWatch<V>& watch, const Coeffs& a, int64_t j) {
-    if constexpr (!kWatched || !Full) return true;
+    if constexpr (!kWatched || !Full || !std::is_same_v<Steps, LoopSteps>) return true;
     watch.note(a.value);
     return j % kCarryWatchPeriod != 0 || !watch.exceeded();
   }
@@ -337,7 +367,7 @@ struct RowScanPass {
   // The forward recurrence over span [lo, hi) of one sequence, entered with `state` (`fresh`: no
   // state: the span is the sequence's start and has no initial state, so its first element is its
   // input and its coefficient takes no part).
-  template <Pass P>
+  template <Pass P, typename Steps = LoopSteps>
   static std::optional<Map> forward(Row<const T*> inputs, Row<const C*> coeffs, T* outputs, int64_t lo, int64_t hi,
                                     A state, bool fresh) {
     V out = splat<V>(state), map_state{};
@@ -350,9 +380,10 @@ struct RowScanPass {
       V b = load_row<Full, Unit>(inputs, lanes, A(0));
       V coeff = coefficient(load_row<Full, Unit>(coeffs, lanes, kIdentityCoeff));
       if (!Full && fresh && j == 0) coeff = with_lane(coeff, first_lane(lanes), A(0));
+      Steps::transform(coeff, b);
       Coeffs a = exact(coeff);
       scan_windows(a, b, before);
-      if (!carry_within_bound<Full>(watch, a, j)) return false;
+      if (!carry_within_bound<Full, Steps>(watch, a, j)) return false;
       if constexpr ((P & kScan) != 0) {
         out = a.apply(out, b);
         store_row<Full>(outputs, out, lanes);
@@ -370,7 +401,7 @@ struct RowScanPass {
   // element the forward scanned after t; d_inputs[t] = d[t], d_coeffs[t] = d[t] * outputs[t''] (t''
   // the element it scanned before t; the initial state, or no gradient, at the sequence's start),
   // times coeff(t) with log coefficients. `state` and `fresh` as for forward().
-  template <Pass P>
+  template <Pass P, typename Steps = LoopSteps>
   static std::optional<Map> backward(Row<const T*> d_outputs, Row<const C*> coeffs, Row<const T*> outputs, T* d_inputs, C* d_coeffs,
                       int64_t sequence_lo, int64_t sequence_hi, int64_t lo, int64_t hi, const C* initial, A state,
                       bool fresh) {
@@ -409,9 +440,10 @@ struct RowScanPass {
                                                kLaneIndices);
       }
       if (!Full && fresh && j == 0) next_coeff = with_lane(next_coeff, first_lane(lanes), A(0));
+      Steps::transform(next_coeff, b);
       Coeffs a = exact(next_coeff);
       scan_windows(a, b, before);
-      if (!carry_within_bound<Full>(watch, a, j)) return false;
+      if (!carry_within_bound<Full, Steps>(watch, a, j)) return false;
       if constexpr ((P & kScan) != 0) {
         d = a.apply(d, b);
         store_row<Full>(d_inputs, d, lanes);
