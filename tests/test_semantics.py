@@ -169,6 +169,31 @@ def test_states_past_an_infinity(device, seed, shape, dim, dtype, reverse):
         assert_recurrence(actual, pattern, exact, dtype, name)
 
 
+@pytest.mark.parametrize("shape, dim", [((6, 700), -1), ((2, 300, 40), 1), ((4, 200, 4096), 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
+@pytest.mark.parametrize("with_initial, reverse", [(False, False), (True, True)])
+def test_rows_of_nan(device, seed, shape, dim, dtype, with_initial, reverse):
+    """Rows NaN from their first step or from a middle one, by their inputs or a coefficient, beside finite
+    rows, on every kernel family (time-contiguous pipes, strided pipes with many channels, the bulk family
+    with few): the loop's results, outputs and gradients. Past a NaN state the rescans fill the rest
+    without reading it; a zero coefficient there, which the parallel scans take as a reset, must not end
+    the NaN (the loop's 0 * NaN)."""
+    inputs = torch.randn(shape, dtype=dtype)
+    coeffs = uniform(shape, 0.5, 1.0).to(dtype)
+    length = shape[dim]
+    nan = complex(float("nan"), float("nan")) if dtype.is_complex else float("nan")
+    along_rows = lambda t: t.movedim(dim, -1)  # noqa: E731  (a view: rows on the second-to-last dim)
+    along_rows(inputs)[..., 0::4, :] = nan
+    along_rows(inputs)[..., 1::4, length // 2:] = nan
+    along_rows(coeffs)[..., 2::4, length // 3] = nan
+    along_rows(coeffs)[..., 2::4, [length // 3 - 1, length // 3 + 1]] = 0
+    along_rows(inputs)[..., 3::4, length // 4] = nan
+    along_rows(coeffs)[..., 3::4, [length // 4 - 1, length // 4 + 1]] = 0
+    initial = torch.randn(along_rows(inputs).shape[:-1], dtype=dtype) if with_initial else None
+    outputs = check(inputs, coeffs, device, dim=dim, reverse=reverse, initial=initial)
+    assert torch.isnan(along_rows(outputs)[..., 0::4, 1:]).all()
+
+
 @pytest.mark.parametrize("value", ["overflow", "nan", "inf"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_packed_sequences_are_isolated(device, seed, value, reverse):
@@ -306,6 +331,12 @@ def _triton_follows_the_loop(triton_device, reverse):
     inputs[1, 77] = float("-inf")
     coeffs[2, 150] = float("nan")
     check(inputs, coeffs, triton_device, backend="triton", reverse=reverse)
+    nan_rows = inputs.clone()  # a row NaN throughout, one from its middle: the rest filled past a NaN state
+    nan_rows[0], nan_rows[1, length // 2:], nan_rows[2, 40] = float("nan"), float("nan"), float("nan")
+    coeffs = coeffs.clone()
+    coeffs[2, [39, 41]] = 0  # a reset to the parallel scans, not to the loop past a NaN state
+    check(nan_rows, coeffs, triton_device, backend="triton", reverse=reverse, initial=torch.randn(3))
+    check(nan_rows, coeffs.log(), triton_device, backend="triton", reverse=reverse, log_coeffs=True)
     tiny = uniform((3, length), 1e-3, 2e-3)  # products underflow within a tile
     check(inputs, tiny, triton_device, backend="triton", reverse=reverse)
     cu_seqlens = torch.tensor([0, 10, 10, 120, 121, length])

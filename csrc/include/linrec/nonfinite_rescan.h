@@ -294,6 +294,194 @@ __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64
 
 }  // namespace warp_rescan
 
+// A rescan by one lane a sequence: the loop itself, kAhead steps' operands loaded before it multiplies
+// through them (a lane waits on one load's latency per kAhead steps). For sequences along strided time,
+// whose neighbouring rows are neighbouring channels, the 32 lanes of a warp on 32 rows read and write
+// each step with one access, where a warp on one row (above) touches a sector per step and lane. A NaN
+// state fills the rest of a real sequence without reading it.
+namespace lane_rescan {
+
+constexpr int kAhead = 8;
+
+// The first step, in walk order, of the `length` whose `value(n)` is not finite, or -1.
+template <typename Value>
+__device__ __forceinline__ int64_t first_nonfinite(int64_t length, Value&& value) {
+  for (int64_t base = 0; base < length; base += kAhead) {
+    bool nonfinite[kAhead];
+    #pragma unroll
+    for (int j = 0; j < kAhead; ++j) nonfinite[j] = base + j < length && !is_finite(value(base + j));
+    #pragma unroll
+    for (int j = 0; j < kAhead; ++j)
+      if (nonfinite[j]) return base + j;
+  }
+  return -1;
+}
+
+// Whether a state is NaN, so that every later result is (real types; a complex state with one NaN
+// part takes a step to turn whole).
+template <typename Acc>
+__device__ __forceinline__ bool stays_nan(const Acc& state) {
+  if constexpr (std::is_floating_point_v<Acc>) return state != state;
+  else return false;
+}
+
+// Walks steps [from, length) of a sequence with state `state`: load(n, coeff, input) reads step n's
+// coefficient and input in walk order (step 0's coefficient is not used where `first_replaces`),
+// store(n, state) writes a result, fill(n, state) writes a result past a NaN state. Returns the last
+// state.
+template <typename Acc, typename Load, typename Store, typename Fill>
+__device__ __forceinline__ Acc walk(int64_t length, int64_t from, Acc state, bool first_replaces, Load&& load,
+                                     Store&& store, Fill&& fill) {
+  int64_t base = from;
+  while (base < length) {
+    Acc coeff[kAhead], input[kAhead];
+    #pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      coeff[j] = Acc(1), input[j] = Acc(0);
+      if (base + j < length) load(base + j, coeff[j], input[j]);
+    }
+    #pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      if (base + j >= length) break;
+      state = base + j == 0 && first_replaces ? input[j] : coeff[j] * state + input[j];
+      store(base + j, state);
+    }
+    base += kAhead;
+    if (stays_nan(state)) break;
+  }
+  for (; base < length; ++base) fill(base, state);
+  return state;
+}
+
+// The forward's rescan of packed sequence `segment` of `row`: outputs in the op's direction.
+template <bool LogCoeffs, typename T, typename C>
+__device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t segment) {
+  using Acc = accumulator_t<T>;
+  const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
+  const auto [input_at, coeff_at, output_at, initial_at] =
+      params.shape.row_offsets(row, params.inputs, params.coeffs, params.outputs, params.initial).at;
+  const T* const inputs = params.inputs.template row<const T>(input_at);
+  const C* const coeffs = params.coeffs.template row<const C>(coeff_at);
+  T* const outputs = params.outputs.template row<T>(output_at);
+  const int64_t first = params.reverse ? end - 1 : begin, step = params.reverse ? -1 : 1;
+  const auto time = [&](int64_t n) { return first + n * step; };
+  const auto result = [&](int64_t n) { return static_cast<Acc>(outputs[time(n) * params.outputs.time_stride]); };
+  const int64_t from = first_nonfinite(length, result);
+  if (from < 0) return;
+  const bool has_initial = params.initial.data != nullptr;
+  Acc state = Acc(0);
+  if (from > 0) state = result(from - 1);
+  else if (has_initial)
+    state = static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride]);
+  const auto store = [&](int64_t n, Acc value) { outputs[time(n) * params.outputs.time_stride] = static_cast<T>(value); };
+  walk(
+      length, from, state, !has_initial,
+      [&](int64_t n, Acc& coeff, Acc& input) {
+        input = static_cast<Acc>(inputs[time(n) * params.inputs.time_stride]);
+        coeff = coefficient(static_cast<Acc>(coeffs[time(n) * params.coeffs.time_stride]), LogCoeffs);
+      },
+      store, store);
+}
+
+// The backward's rescan, as warp_rescan::rescan_backward's: d_inputs against the forward's direction,
+// d_coeffs and d_initial from them.
+template <bool LogCoeffs, typename T, typename C>
+__device__ void rescan_backward(const BackwardParams& params, int64_t row, int64_t segment) {
+  using Acc = accumulator_t<T>;
+  const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
+  const auto [d_output_at, coeff_at, output_at, d_input_at, d_coeff_at, initial_at, d_initial_at] =
+      params.shape.row_offsets(row, params.d_outputs, params.coeffs, params.outputs, params.d_inputs,
+                               params.d_coeffs, params.initial, params.d_initial).at;
+  const T* const d_outputs = params.d_outputs.template row<const T>(d_output_at);
+  const C* const coeffs = params.coeffs.template row<const C>(coeff_at);
+  const T* const outputs = params.outputs.template row<const T>(output_at);
+  T* const d_inputs = params.d_inputs.template row<T>(d_input_at);
+  C* const d_coeffs = params.d_coeffs.template row<C>(d_coeff_at);
+  const bool has_initial = params.initial.data != nullptr;
+  const int64_t last = params.reverse ? begin : end - 1, step = params.reverse ? 1 : -1;
+  const auto time = [&](int64_t n) { return last + n * step; };
+  const auto coeff_at_step = [&](int64_t n) {
+    return coefficient(static_cast<Acc>(coeffs[time(n) * params.coeffs.time_stride]), LogCoeffs);
+  };
+  const auto result = [&](int64_t n) { return static_cast<Acc>(d_inputs[time(n) * params.d_inputs.time_stride]); };
+  const int64_t from = first_nonfinite(length, result);
+  if (from < 0) return;
+  const auto previous_output = [&](int64_t n) {  // the forward's state before step n, if it has one
+    return n + 1 < length ? static_cast<Acc>(outputs[(time(n) + step) * params.outputs.time_stride])
+                          : static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride]);
+  };
+  const bool sum_d_coeffs = params.sum_d_coeffs;  // added into by the parallel kernels alone
+  const Acc d_state = walk(
+      length, from, from > 0 ? result(from - 1) : Acc(0), false,
+      [&](int64_t n, Acc& coeff, Acc& input) {
+        input = static_cast<Acc>(d_outputs[time(n) * params.d_outputs.time_stride]);
+        coeff = n == 0 ? Acc(0) : conj(coeff_at_step(n - 1));
+      },
+      [&](int64_t n, Acc d_state) {
+        const int64_t t = time(n);
+        d_inputs[t * params.d_inputs.time_stride] = static_cast<T>(d_state);
+        if (sum_d_coeffs) return;
+        Acc d_coeff = Acc(0);
+        if (n + 1 < length || has_initial) {
+          d_coeff = d_state * conj(previous_output(n));
+          if constexpr (LogCoeffs) d_coeff = d_coeff * coeff_at_step(n);
+        }
+        d_coeffs[t * params.d_coeffs.time_stride] = static_cast<C>(d_coeff);
+      },
+      [&](int64_t n, Acc nan) {  // NaN times anything is NaN: the operands need not be read
+        const int64_t t = time(n);
+        d_inputs[t * params.d_inputs.time_stride] = static_cast<T>(nan);
+        if (!sum_d_coeffs) d_coeffs[t * params.d_coeffs.time_stride] = static_cast<C>(n + 1 < length || has_initial ? nan : Acc(0));
+      });
+  if (has_initial)
+    params.d_initial.template row<C>(d_initial_at)[segment * params.d_initial.segment_stride] =
+        static_cast<C>(conj(coeff_at_step(length - 1)) * d_state);
+}
+
+template <typename T, typename C, typename Params>
+__device__ void rescan_sequence(const Params& params, int64_t row, int64_t segment) {
+  if constexpr (std::is_same_v<Params, ForwardParams>) {
+    if (params.log_coeffs) rescan_forward<true, T, C>(params, row, segment);
+    else rescan_forward<false, T, C>(params, row, segment);
+  } else {
+    if (params.log_coeffs) rescan_backward<true, T, C>(params, row, segment);
+    else rescan_backward<false, T, C>(params, row, segment);
+  }
+}
+
+// Rescans the rows first_row + s of the bits s of `flags` that hold a non-finite result, a lane each
+// (every lane of the warp calls it with the same arguments). Channel pairs are rescanned channel by
+// channel, in two rounds of 16 pairs.
+template <typename T, typename C, typename Params>
+__device__ void rescan_rows(const Params& params, unsigned flags, int64_t first_row) {
+  const int lane = threadIdx.x % warp_rescan::kLanes;
+  if constexpr (is_channel_pair<T>::value) {
+    using Scalar = decltype(T{}.first);
+    using CoeffScalar = decltype(C{}.first);
+    const Params scalar = unpaired(params);
+    for (int round = 0; round < 2; ++round) {
+      const int s = round * 16 + lane / 2;
+      if ((flags >> s & 1u) && first_row + s < params.num_rows())
+        for (int64_t segment = 0; segment < params.num_segments; ++segment)
+          rescan_sequence<Scalar, CoeffScalar>(scalar, 2 * (first_row + s) + lane % 2, segment);
+    }
+  } else {
+    if ((flags >> lane & 1u) && first_row + lane < params.num_rows())
+      for (int64_t segment = 0; segment < params.num_segments; ++segment)
+        rescan_sequence<T, C>(params, first_row + lane, segment);
+  }
+  __syncwarp();
+}
+
+}  // namespace lane_rescan
+
+// Whether the lanes of a warp rescan neighbouring rows (lane_rescan: time strided, where neighbouring
+// rows are neighbouring channels) rather than one row together (warp_rescan: time contiguous).
+template <typename Params>
+__device__ __forceinline__ bool rescans_by_lane(const Params& params) {
+  return rescanned(params).time_stride != 1;
+}
+
 // rescan_segment() by the 32 lanes of a warp (all of them call it): in parallel for real types (above),
 // by the first lane for complex ones.
 template <typename T, typename C, typename Params>
@@ -337,6 +525,13 @@ template <typename T, typename C, typename Params>
 __device__ __noinline__ void rescan_flagged_rows(const Params& params, const bool* flagged, int count,
                                                  int64_t first_row) {
   const int warps = blockDim.x / warp_rescan::kLanes;
+  if (rescans_by_lane(params)) {
+    const int lane = threadIdx.x % warp_rescan::kLanes;
+    for (int s = threadIdx.x / warp_rescan::kLanes * warp_rescan::kLanes; s < count; s += warps * warp_rescan::kLanes)
+      lane_rescan::rescan_rows<T, C>(params, __ballot_sync(warp_rescan::kAll, s + lane < count && flagged[s + lane]),
+                                     first_row + s);
+    return;
+  }
   for (int s = threadIdx.x / warp_rescan::kLanes; s < count; s += warps)
     if (flagged[s] && first_row + s < params.num_rows()) rescan_nonfinite<T, C>(params, first_row + s);
 }
@@ -345,6 +540,10 @@ __device__ __noinline__ void rescan_flagged_rows(const Params& params, const boo
 template <typename T, typename C, typename Params>
 __device__ __noinline__ void rescan_flagged_rows(const Params& params, unsigned flags, int64_t first_row) {
   const int warps = blockDim.x / warp_rescan::kLanes;
+  if (rescans_by_lane(params)) {
+    if (threadIdx.x < warp_rescan::kLanes) lane_rescan::rescan_rows<T, C>(params, flags, first_row);
+    return;
+  }
   for (int s = threadIdx.x / warp_rescan::kLanes; s < 32; s += warps)
     if ((flags >> s & 1u) && first_row + s < params.num_rows()) rescan_nonfinite<T, C>(params, first_row + s);
 }

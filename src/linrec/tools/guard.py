@@ -372,10 +372,13 @@ def gpu_cases() -> list[Case]:
         *_in((F32,), name="packed-4096", shape=(1, 65536, 1024), dim=1, sequences=4096, empty=True),
         *_in((F32,), name="packed-64", shape=(1, 1024, 65536), sequences=64),
         *family_cases(rows, btc),
+        ScanCase(name="nan", shape=btc, dim=1, dtype=BF16, nonfinite="nan"),  # the bulk family's
         *_in((F32, BF16), quick=(F32,), name="triton-time-last", shape=rows, **triton),
         *_in((F32, BF16), name="triton-strided-wide", shape=btc, dim=1, **triton),
         *_in((F32,), name="triton-packed-16", shape=(1, 65536, 1024), dim=1, sequences=16, **triton),
         *_in((F32,), name="triton-few-long", shape=(1, 1 << 24), **triton),
+        ScanCase(name="triton-nan", shape=rows, dtype=F32, nonfinite="nan", **triton),
+        ScanCase(name="triton-nan", shape=btc, dim=1, dtype=F32, nonfinite="nan", **triton),
         GaeCase(name="gae", shape=(4096, 8192), quick=True),
         *selective_scan_cases(8, 1024, 2048),
         *tiny_cases(),

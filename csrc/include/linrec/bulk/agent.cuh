@@ -63,6 +63,7 @@ struct BulkThread {
     uint64_t landed[kStages];  // a barrier per stage: its boxes have landed
     int number[kStages];       // the chunk each stage holds (past the last chunk: none), set with its copies
     bool last;                 // whether this block is the grid's last to finish
+    bool flagged;              // whether this block flagged a row (in shared memory: no register held)
   };
 
   Storage& storage;
@@ -150,6 +151,7 @@ struct BulkThread {
   __device__ __forceinline__ void start(const SequenceLayout& layout, const BulkMaps& maps) {
     if (threadIdx.x == 0) {
       for (int stage = 0; stage < kStages; ++stage) init_barrier(&storage.landed[stage]);
+      storage.flagged = false;
       if (maps.order == ChunkOrder::FromCounter) upcoming = atomicAdd(next_chunk(layout), 1);
       for (int k = 0; k < kStages; ++k) load(layout, maps, k);
     }
@@ -210,9 +212,10 @@ struct BulkThread {
                  active(chunk)};
   }
 
-  // The workspace: three counters (the next chunk to take, the blocks that have finished, whether any
-  // row is flagged) in the first 16 bytes, where their addresses need no arithmetic; then the look-back's
-  // statuses and, per group, the rescan flags of lookback.h (rows with a non-finite result).
+  // The workspace: four counters (the next chunk to take, the blocks that have finished, whether any
+  // row is flagged, the next group to rescan) in the first 16 bytes, where their addresses need no
+  // arithmetic; then the look-back's statuses and, per group, the rescan flags of lookback.h (rows
+  // with a non-finite result).
   static constexpr int64_t kCountersBytes = 16;
   __host__ __device__ static int64_t workspace_bytes(const SequenceLayout& layout) {
     return kCountersBytes + chain_layout(layout).bytes();
@@ -222,6 +225,7 @@ struct BulkThread {
   }
   __device__ __forceinline__ static int* blocks_done(const SequenceLayout& layout) { return next_chunk(layout) + 1; }
   __device__ __forceinline__ static int* any_flagged(const SequenceLayout& layout) { return next_chunk(layout) + 2; }
+  __device__ __forceinline__ static int* next_rescan_group(const SequenceLayout& layout) { return next_chunk(layout) + 3; }
   __device__ __forceinline__ static void* chain_workspace(const SequenceLayout& layout) {
     return static_cast<char*>(layout.workspace) + kCountersBytes;
   }
@@ -235,6 +239,7 @@ struct BulkThread {
   __device__ __forceinline__ void finish(const SequenceLayout& layout, const BulkMaps& maps, const Chunk& done,
                                          int64_t k, bool nonfinite) {
     if (nonfinite) {
+      storage.flagged = true;
       atomicOr(row_flags(layout, done.group), 1 << lane);
       atomicOr(any_flagged(layout), 1);
     }
@@ -246,10 +251,12 @@ struct BulkThread {
   }
 
   // The rescan of non-finite results (nonfinite_rescan.h): once every chunk is stored, the rows that
-  // hold one are scanned again. The grid's last block to finish does it, a group a warp, its flagged
-  // rows one after the other by the warp's lanes together, where any row is flagged (reading every
-  // group's flags is a round trip to L2 per group and warp): the blocks count themselves once each, so
-  // that no chunk waits on a fence (a count per chunk would wait for the chunk's stores).
+  // hold one are scanned again. The blocks count themselves once each, so that no chunk waits on a fence
+  // (a count per chunk would wait for the chunk's stores). A block that flagged no row leaves, but the
+  // last to count where any row is flagged: a finite call costs the count alone. The blocks that stay
+  // wait until every block has counted (the cooperative launch holds them all resident) and take groups
+  // from a counter, a warp a group, its flagged rows a lane each; in an all-NaN call every block stays,
+  // and the grid rescans as fast as it scanned.
   template <typename Params>
   __device__ __forceinline__ void rescan_nonfinite(const Params& params) {
     __syncthreads();  // every thread's flags, before the first thread's fence and count
@@ -260,22 +267,34 @@ struct BulkThread {
       __threadfence();  // every block's results, read after its count
     }
     __syncthreads();
-    if (!storage.last || __ldcg(any_flagged(params)) == 0) return;
-    rescan_flagged_groups(params, rank, kWarps, tiles_per_row, channels, num_groups);
+    if (!storage.flagged && !(storage.last && __ldcg(any_flagged(params)) != 0)) return;
+    if (!storage.last) {
+      if (threadIdx.x == 0) {
+        const volatile int* const done = blocks_done(params);
+        while (*done < static_cast<int>(gridDim.x)) __nanosleep(256);
+        __threadfence();
+      }
+      __syncthreads();
+    }
+    rescan_flagged_groups(params, tiles_per_row, channels, num_groups);
   }
 
-  // The last block's rescan, warp by warp from group `first` on (nonfinite_rescan.h). Not inlined, so
-  // that its registers are not the kernel's.
+  // A staying block's share of the rescan: groups from the counter, a warp each, its rows a lane each
+  // (nonfinite_rescan.h). Not inlined, so that its registers are not the kernel's.
   template <typename Params>
-  __device__ __noinline__ static void rescan_flagged_groups(const Params& params, int first, int step, int tiles_per_row,
-                                                            int channels, int num_groups) {
-    for (int group = first; group < num_groups; group += step) {
-      const int* const flags_word = chain_layout(params).rescan_flags(chain_workspace(params), group);
-      for (unsigned flags = __ldcg(flags_word); flags != 0; flags &= flags - 1) {
-        const int channel = group % tiles_per_row * kChannels + __ffs(flags) - 1;
-        if (channel < channels)
-          linrec::rescan_nonfinite<T, C>(params, static_cast<int64_t>(group / tiles_per_row) * channels + channel);
-      }
+  __device__ __noinline__ static void rescan_flagged_groups(const Params& params, int tiles_per_row, int channels,
+                                                            int num_groups) {
+    const int lane = threadIdx.x % kWarp;
+    for (;;) {
+      int group = 0;
+      if (lane == 0) group = atomicAdd(next_rescan_group(params), 1);
+      group = __shfl_sync(0xffffffffu, group, 0);
+      if (group >= num_groups) return;
+      const int tile_begin = group % tiles_per_row * kChannels;
+      unsigned flags = static_cast<unsigned>(__ldcg(chain_layout(params).rescan_flags(chain_workspace(params), group)));
+      if (channels - tile_begin < kChannels) flags &= (1u << (channels - tile_begin)) - 1u;  // the row's last tile
+      if (flags != 0)
+        lane_rescan::rescan_rows<T, C>(params, flags, static_cast<int64_t>(group / tiles_per_row) * channels + tile_begin);
     }
   }
 };

@@ -451,16 +451,39 @@ def _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED: tl.constexpr):
 
 @triton.jit
 def _first_nonfinite(pointers, stride, begin, end, mask, REVERSE: tl.constexpr, ACC: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
+                     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr = 64):
     """Per column, the steps in scan order before the first non-finite value at [begin, end) along time
-    (end - begin where there is none)."""
+    (end - begin where there is none): BLOCK_T steps a load, until every ``mask`` column has one."""
     steps = end - begin
     first = tl.zeros([BLOCK_C], dtype=tl.int32) + steps
-    for n in range(0, steps):
+    base = steps * 0
+    searching = _any(mask)
+    while searching:
+        n = base + tl.arange(0, BLOCK_T)[:, None]
         t = end - 1 - n if REVERSE else begin + n
-        value = tl.load(pointers + t * stride, mask=mask, other=0.0).to(ACC)
-        first = tl.where(_nonfinite(value) & (first == steps), n, first)
+        valid = mask[None, :] & (n < steps)
+        values = tl.load(pointers[None, :] + t * stride, mask=valid, other=0.0).to(ACC)
+        first = tl.minimum(first, tl.min(tl.where(_nonfinite(values) & valid, n, steps), axis=0))
+        base += BLOCK_T
+        searching = (base < steps) & _any(mask & (first == steps))
     return first
+
+
+@triton.jit
+def _fill_past_nan(pointers, stride, begin, end, columns, stop, first, REVERSE: tl.constexpr,
+                   ZERO_LAST: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr = 64):
+    """Stores NaN at the steps after ``stop`` (and from ``first`` on) of ``columns``, in scan order: past
+    a NaN state every result is NaN, whatever the operands, so they are not read. ``ZERO_LAST``: 0 at the
+    last step (the backward's d_coeffs of the forward's first step without an initial state)."""
+    steps = end - begin
+    for base in range(tl.min(tl.where(columns, stop + 1, steps), axis=0), steps, BLOCK_T):
+        n = base + tl.arange(0, BLOCK_T)[:, None]
+        t = end - 1 - n if REVERSE else begin + n
+        value = tl.full([BLOCK_T, BLOCK_C], float("nan"), tl.float32)
+        if ZERO_LAST:
+            value = tl.where(n == steps - 1, 0.0, value)
+        tl.store(pointers[None, :] + t * stride, value.to(pointers.dtype.element_ty),
+                 mask=columns[None, :] & (n > stop[None, :]) & (n >= first[None, :]) & (n < steps))
 
 
 @triton.jit
@@ -470,24 +493,35 @@ def _rescan_forward(inputs_row, coeffs_row, outputs_row, initial_row, cu_seqlens
     """The loop over the packed sequences (whole rows without packing) of the ``flagged`` (row, channel)
     columns whose outputs hold a non-finite value: the recurrence's IEEE answer, which the parallel scan's
     products of coefficients can miss (csrc/include/linrec/nonfinite_rescan.h says why), stored from the
-    first non-finite output on. The ``*_row`` pointers address the columns' first time steps."""
+    first non-finite output on. A column's loop stops at a NaN state, and the rest is filled with NaN.
+    The ``*_row`` pointers address the columns' first time steps."""
     for sequence in range(0, tl.where(_any(flagged), sequences, 0)):
         begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+        steps = end - begin
         first = _first_nonfinite(outputs_row, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C)
-        rescanned = flagged & (first < end - begin)
-        steps = tl.where(_any(rescanned), end - begin, 0)
+        rescanned = flagged & (first < steps)
         state = tl.zeros([BLOCK_C], dtype=ACC)
         if HAS_INITIAL:
             state = tl.load(initial_row + sequence * initial_sequence, mask=rescanned, other=0.0).to(ACC)
-        for n in range(0, steps):
+        walking, stop = rescanned, tl.zeros([BLOCK_C], dtype=tl.int32) + steps  # stop: the step turned NaN
+        n = steps * 0
+        going = _any(walking)
+        while going:
             t = end - 1 - n if REVERSE else begin + n
-            x = tl.load(inputs_row + t * inputs_l, mask=rescanned, other=0.0).to(ACC)
-            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
+            x = tl.load(inputs_row + t * inputs_l, mask=walking, other=0.0).to(ACC)
+            c = _load_coeffs(coeffs_row + t * coeffs_l, walking, ACC, LOG_COEFFS)
             if HAS_INITIAL:
                 state = c * state + x
             else:
                 state = tl.where(n == 0, x, c * state + x)
-            tl.store(outputs_row + t * outputs_l, state.to(outputs_row.dtype.element_ty), mask=rescanned & (n >= first))
+            tl.store(outputs_row + t * outputs_l, state.to(outputs_row.dtype.element_ty), mask=walking & (n >= first))
+            turned = walking & (state != state)
+            stop = tl.where(turned, n, stop)
+            walking = walking & ~turned
+            n += 1
+            going = (n < steps) & _any(walking)
+        _fill_past_nan(outputs_row, outputs_l, begin, end, rescanned & (stop < steps), stop, first, REVERSE, False,
+                       BLOCK_C)
 
 
 @triton.jit
@@ -497,28 +531,32 @@ def _rescan_backward(d_outputs_row, coeffs_row, outputs_row, initial_row, cu_seq
                      LOG_COEFFS: tl.constexpr, STORE_COEFFS: tl.constexpr, ACC: tl.constexpr, BLOCK_C: tl.constexpr):
     """The backward's loop over the ``flagged`` columns' sequences whose d_inputs hold a non-finite value:
     d_inputs, d_coeffs per element (STORE_COEFFS; a sum over time is left as the backward kernel made it)
-    and d_initial, as ``_rescan_forward`` rescans the forward."""
+    and d_initial, as ``_rescan_forward`` rescans the forward (a NaN gradient state makes every later
+    gradient NaN, but the forward's first step's d_coeffs without an initial state, which is 0)."""
     step = 1 if REVERSE else -1  # from a position to the one before it in the forward scan
     for sequence in range(0, tl.where(_any(flagged), sequences, 0)):
         begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
+        steps = end - begin
         first = _first_nonfinite(d_inputs_row, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C)
-        rescanned = flagged & (first < end - begin)
-        steps = tl.where(_any(rescanned), end - begin, 0)
+        rescanned = flagged & (first < steps)
         d_state = tl.zeros([BLOCK_C], dtype=ACC)
         next_coeff = tl.zeros([BLOCK_C], dtype=ACC)
-        for n in range(0, steps):
+        walking, stop = rescanned, tl.zeros([BLOCK_C], dtype=tl.int32) + steps
+        n = steps * 0
+        going = _any(walking)
+        while going:
             t = begin + n if REVERSE else end - 1 - n
-            g = tl.load(d_outputs_row + t * d_outputs_l, mask=rescanned, other=0.0).to(ACC)
+            g = tl.load(d_outputs_row + t * d_outputs_l, mask=walking, other=0.0).to(ACC)
             d_state = next_coeff * d_state + g
-            c = _load_coeffs(coeffs_row + t * coeffs_l, rescanned, ACC, LOG_COEFFS)
-            stored = rescanned & (n >= first)
+            c = _load_coeffs(coeffs_row + t * coeffs_l, walking, ACC, LOG_COEFFS)
+            stored = walking & (n >= first)
             tl.store(d_inputs_row + t * d_inputs_l, d_state.to(d_inputs_row.dtype.element_ty), mask=stored)
             if STORE_COEFFS:
-                has_previous = tl.zeros([BLOCK_C], dtype=tl.int32) + (n + 1) < end - begin
-                previous = tl.load(outputs_row + (t + step) * outputs_l, mask=rescanned & has_previous,
+                has_previous = tl.zeros([BLOCK_C], dtype=tl.int32) + (n + 1) < steps
+                previous = tl.load(outputs_row + (t + step) * outputs_l, mask=walking & has_previous,
                                    other=0.0).to(ACC)
                 if HAS_INITIAL:
-                    first_state = tl.load(initial_row + sequence * initial_sequence, mask=rescanned,
+                    first_state = tl.load(initial_row + sequence * initial_sequence, mask=walking,
                                           other=0.0).to(ACC)
                     previous = tl.where(has_previous, previous, first_state)
                 d_coeff = d_state * previous
@@ -528,7 +566,17 @@ def _rescan_backward(d_outputs_row, coeffs_row, outputs_row, initial_row, cu_seq
                     d_coeff = tl.where(has_previous, d_coeff, tl.zeros_like(d_coeff))
                 tl.store(d_coeffs_row + t * d_coeffs_l, d_coeff.to(d_coeffs_row.dtype.element_ty), mask=stored)
             next_coeff = c
-        if HAS_INITIAL:
+            turned = walking & (d_state != d_state)
+            stop = tl.where(turned, n, stop)
+            walking = walking & ~turned
+            n += 1
+            going = (n < steps) & _any(walking)
+        nan_columns = rescanned & (stop < steps)
+        _fill_past_nan(d_inputs_row, d_inputs_l, begin, end, nan_columns, stop, first, not REVERSE, False, BLOCK_C)
+        if STORE_COEFFS:
+            _fill_past_nan(d_coeffs_row, d_coeffs_l, begin, end, nan_columns, stop, first, not REVERSE,
+                           not HAS_INITIAL, BLOCK_C)
+        if HAS_INITIAL:  # NaN where the state turned NaN: NaN times any coefficient
             tl.store(d_initial_row + sequence * initial_sequence,
                      (next_coeff * d_state).to(d_initial_row.dtype.element_ty), mask=rescanned)
 
