@@ -130,8 +130,9 @@ namespace warp_rescan {
 
 constexpr int kLanes = 32;
 constexpr unsigned kAll = 0xffffffffu;
-// Slices of 32 steps whose loads a lane issues together: the latency of one load each, not four.
-constexpr int kSlices = 4;
+// Slices of 32 steps whose loads a lane issues together: the walk waits on one load's latency per
+// kSlices x 32 steps (4 slices made a row of 16384 steps infinite from its first the call's tail).
+constexpr int kSlices = 8;
 
 // The step of the recurrence past the first non-finite state (above).
 template <typename Acc>
@@ -297,11 +298,12 @@ __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64
 // A rescan by one lane a sequence: the loop itself, kAhead steps' operands loaded before it multiplies
 // through them (a lane waits on one load's latency per kAhead steps). For sequences along strided time,
 // whose neighbouring rows are neighbouring channels, the 32 lanes of a warp on 32 rows read and write
-// each step with one access, where a warp on one row (above) touches a sector per step and lane. A NaN
-// state fills the rest of a real sequence without reading it.
+// each step with one access, where a warp on one row (above) touches a sector per step and lane; but a
+// lane walks its row kAhead steps per load latency where a warp walks 32 x kSlices, so a few flagged
+// rows among 32 go a warp each (kFewRows). A NaN state fills the rest of a real sequence unread.
 namespace lane_rescan {
 
-constexpr int kAhead = 8;
+constexpr int kAhead = 16;
 
 // The first step, in walk order, of the `length` whose `value(n)` is not finite, or -1.
 template <typename Value>
@@ -473,6 +475,10 @@ __device__ void rescan_rows(const Params& params, unsigned flags, int64_t first_
   __syncwarp();
 }
 
+// At most this many flagged rows of 32 neighbouring ones are rescanned a warp each rather than a lane
+// each: a warp's walk is 32 x kSlices / kAhead times as fast along time, at a sector per lane and step.
+constexpr int kFewRows = 4;
+
 }  // namespace lane_rescan
 
 // Whether the lanes of a warp rescan neighbouring rows (lane_rescan: time strided, where neighbouring
@@ -516,6 +522,20 @@ __device__ __forceinline__ void rescan_nonfinite(const Params& params, int64_t r
   }
 }
 
+// Rescans the rows first_row + s of the bits s of `flags`, 32 neighbouring rows along strided time,
+// by one warp (every lane calls it): a warp a row where few are flagged, else a lane a row (lane_rescan).
+template <typename T, typename C, typename Params>
+__device__ void rescan_neighbouring_rows(const Params& params, unsigned flags, int64_t first_row) {
+  if (__popc(flags) > lane_rescan::kFewRows) {
+    lane_rescan::rescan_rows<T, C>(params, flags, first_row);
+    return;
+  }
+  for (; flags != 0; flags &= flags - 1) {
+    const int64_t row = first_row + __ffs(flags) - 1;
+    if (row < params.num_rows()) rescan_nonfinite<T, C>(params, row);
+  }
+}
+
 // Rescans rows first_row + s of the sequences s < count with flagged[s] (in shared memory), a warp
 // each, every warp of the block calling it. Not inlined, and called once at a kernel's end, so that
 // neither its registers nor those live across a call in a loop are the kernel's. The kernels' params
@@ -528,7 +548,7 @@ __device__ __noinline__ void rescan_flagged_rows(const Params& params, const boo
   if (rescans_by_lane(params)) {
     const int lane = threadIdx.x % warp_rescan::kLanes;
     for (int s = threadIdx.x / warp_rescan::kLanes * warp_rescan::kLanes; s < count; s += warps * warp_rescan::kLanes)
-      lane_rescan::rescan_rows<T, C>(params, __ballot_sync(warp_rescan::kAll, s + lane < count && flagged[s + lane]),
+      rescan_neighbouring_rows<T, C>(params, __ballot_sync(warp_rescan::kAll, s + lane < count && flagged[s + lane]),
                                      first_row + s);
     return;
   }
@@ -541,7 +561,7 @@ template <typename T, typename C, typename Params>
 __device__ __noinline__ void rescan_flagged_rows(const Params& params, unsigned flags, int64_t first_row) {
   const int warps = blockDim.x / warp_rescan::kLanes;
   if (rescans_by_lane(params)) {
-    if (threadIdx.x < warp_rescan::kLanes) lane_rescan::rescan_rows<T, C>(params, flags, first_row);
+    if (threadIdx.x < warp_rescan::kLanes) rescan_neighbouring_rows<T, C>(params, flags, first_row);
     return;
   }
   for (int s = threadIdx.x / warp_rescan::kLanes; s < 32; s += warps)

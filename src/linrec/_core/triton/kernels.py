@@ -449,9 +449,15 @@ def _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED: tl.constexpr):
     return begin, end
 
 
+#: Elements of a (steps, columns) tile of the rescans' search for a first non-finite value and of their
+#: NaN fill: a row of time-last rows (one column) is read or filled 4096 steps a tile (with 64, an all-NaN
+#: float32 2048 x 16384 forward read 0.18 of torch.add against 0.53 finite).
+FILL_ELEMENTS: tl.constexpr = tl.constexpr(4096)
+
+
 @triton.jit
 def _first_nonfinite(pointers, stride, begin, end, mask, REVERSE: tl.constexpr, ACC: tl.constexpr,
-                     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr = 64):
+                     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
     """Per column, the steps in scan order before the first non-finite value at [begin, end) along time
     (end - begin where there is none): BLOCK_T steps a load, until every ``mask`` column has one."""
     steps = end - begin
@@ -471,7 +477,7 @@ def _first_nonfinite(pointers, stride, begin, end, mask, REVERSE: tl.constexpr, 
 
 @triton.jit
 def _fill_past_nan(pointers, stride, begin, end, columns, stop, first, REVERSE: tl.constexpr,
-                   ZERO_LAST: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr = 64):
+                   ZERO_LAST: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
     """Stores NaN at the steps after ``stop`` (and from ``first`` on) of ``columns``, in scan order: past
     a NaN state every result is NaN, whatever the operands, so they are not read. ``ZERO_LAST``: 0 at the
     last step (the backward's d_coeffs of the forward's first step without an initial state)."""
@@ -498,7 +504,8 @@ def _rescan_forward(inputs_row, coeffs_row, outputs_row, initial_row, cu_seqlens
     for sequence in range(0, tl.where(_any(flagged), sequences, 0)):
         begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
         steps = end - begin
-        first = _first_nonfinite(outputs_row, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C)
+        first = _first_nonfinite(outputs_row, outputs_l, begin, end, flagged, REVERSE, ACC, BLOCK_C,
+                                 FILL_ELEMENTS // BLOCK_C)
         rescanned = flagged & (first < steps)
         state = tl.zeros([BLOCK_C], dtype=ACC)
         if HAS_INITIAL:
@@ -521,7 +528,7 @@ def _rescan_forward(inputs_row, coeffs_row, outputs_row, initial_row, cu_seqlens
             n += 1
             going = (n < steps) & _any(walking)
         _fill_past_nan(outputs_row, outputs_l, begin, end, rescanned & (stop < steps), stop, first, REVERSE, False,
-                       BLOCK_C)
+                       BLOCK_C, FILL_ELEMENTS // BLOCK_C)
 
 
 @triton.jit
@@ -537,7 +544,8 @@ def _rescan_backward(d_outputs_row, coeffs_row, outputs_row, initial_row, cu_seq
     for sequence in range(0, tl.where(_any(flagged), sequences, 0)):
         begin, end = _sequence_bounds(cu_seqlens_ptr, sequence, length, PACKED)
         steps = end - begin
-        first = _first_nonfinite(d_inputs_row, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C)
+        first = _first_nonfinite(d_inputs_row, d_inputs_l, begin, end, flagged, not REVERSE, ACC, BLOCK_C,
+                                 FILL_ELEMENTS // BLOCK_C)
         rescanned = flagged & (first < steps)
         d_state = tl.zeros([BLOCK_C], dtype=ACC)
         next_coeff = tl.zeros([BLOCK_C], dtype=ACC)
@@ -572,10 +580,11 @@ def _rescan_backward(d_outputs_row, coeffs_row, outputs_row, initial_row, cu_seq
             n += 1
             going = (n < steps) & _any(walking)
         nan_columns = rescanned & (stop < steps)
-        _fill_past_nan(d_inputs_row, d_inputs_l, begin, end, nan_columns, stop, first, not REVERSE, False, BLOCK_C)
+        _fill_past_nan(d_inputs_row, d_inputs_l, begin, end, nan_columns, stop, first, not REVERSE, False, BLOCK_C,
+                       FILL_ELEMENTS // BLOCK_C)
         if STORE_COEFFS:
             _fill_past_nan(d_coeffs_row, d_coeffs_l, begin, end, nan_columns, stop, first, not REVERSE,
-                           not HAS_INITIAL, BLOCK_C)
+                           not HAS_INITIAL, BLOCK_C, FILL_ELEMENTS // BLOCK_C)
         if HAS_INITIAL:  # NaN where the state turned NaN: NaN times any coefficient
             tl.store(d_initial_row + sequence * initial_sequence,
                      (next_coeff * d_state).to(d_initial_row.dtype.element_ty), mask=rescanned)
