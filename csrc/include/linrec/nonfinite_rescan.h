@@ -116,6 +116,24 @@ __device__ inline BackwardParams unpaired(BackwardParams params) {
   return unpaired(params, operands);
 }
 
+// How far a rescan loads ahead of its walk: a lane its row's next `lane_steps` steps, a warp its
+// row's next `warp_slices` x 32. Deeper hides more load latency and takes more registers. A kernel
+// that may rescan at its end pays for the rescan's registers on every call, finite or not: a
+// kernel's register count is the largest of its call graph's, __noinline__ callees included
+// (complex64 pipe kernels went from 64-122 registers to 100-150 with depth {16, 8}, and the strided
+// complex64 forward from 0.90 to 0.61 of torch.add).
+struct RescanDepth {
+  int lane_steps;
+  int warp_slices;
+};
+// Rescans at the end of a pipe kernel: within the registers that the pipe kernels take themselves
+// (float32, warp rescan alone: 64 forward, 88 backward; with the lane rescan, for strided time: 80
+// and 103; the leanest time-contiguous pipe kernels take 76 and 96, the strided ones 80 and 122).
+inline constexpr RescanDepth kScanEndDepth{2, 4};
+// Rescans by a kernel of their own (pipe_rescan_kernel) or by bulk blocks, whose scan already takes
+// as many registers as its launch bounds allow.
+inline constexpr RescanDepth kOwnDepth{8, 8};
+
 // A rescan by the 32 lanes of a warp. Past the loop's first non-finite state every state is +-Inf or
 // NaN: NaN stays NaN, and c * s + x only sets the sign of an infinite s or turns it NaN (c zero or NaN,
 // x NaN or the opposite infinity). So from there the loop's states are those of the recurrence
@@ -130,9 +148,6 @@ namespace warp_rescan {
 
 constexpr int kLanes = 32;
 constexpr unsigned kAll = 0xffffffffu;
-// Slices of 32 steps whose loads a lane issues together: the walk waits on one load's latency per
-// kSlices x 32 steps (4 slices made a row of 16384 steps infinite from its first the call's tail).
-constexpr int kSlices = 8;
 
 // The step of the recurrence past the first non-finite state (above).
 template <typename Acc>
@@ -143,18 +158,18 @@ __device__ __forceinline__ Affine<Acc> nonfinite_step(Acc coeff, Acc input) {
 }
 
 // The first step, in walk order, of the `length` whose `value(n)` is not finite, or -1.
-template <typename Value>
+template <int Slices, typename Value>
 __device__ __forceinline__ int64_t first_nonfinite(int64_t length, Value&& value) {
   const int lane = threadIdx.x % kLanes;
-  for (int64_t base = 0; base < length; base += kSlices * kLanes) {
-    bool nonfinite[kSlices];
+  for (int64_t base = 0; base < length; base += Slices * kLanes) {
+    bool nonfinite[Slices];
     #pragma unroll
-    for (int j = 0; j < kSlices; ++j) {
+    for (int j = 0; j < Slices; ++j) {
       const int64_t n = base + j * kLanes + lane;
       nonfinite[j] = n < length && !is_finite(value(n));
     }
     #pragma unroll
-    for (int j = 0; j < kSlices; ++j) {
+    for (int j = 0; j < Slices; ++j) {
       const unsigned found = __ballot_sync(kAll, nonfinite[j]);
       if (found != 0) return base + j * kLanes + __ffs(found) - 1;
     }
@@ -166,7 +181,7 @@ __device__ __forceinline__ int64_t first_nonfinite(int64_t length, Value&& value
 // load(n, coeff, input) reads step n's coefficient and input (in the recurrence's walk order; step 0's
 // coefficient is not used where `first_replaces`, the first state then being the input alone), and
 // store(n, state) writes its result. Returns the last step's state (every lane).
-template <typename Acc, typename Load, typename Store>
+template <int Slices, typename Acc, typename Load, typename Store>
 __device__ __forceinline__ Acc walk(int64_t length, int64_t from, Acc state, bool first_replaces, Load&& load,
                                      Store&& store) {
   const int lane = threadIdx.x % kLanes;
@@ -192,15 +207,15 @@ __device__ __forceinline__ Acc walk(int64_t length, int64_t from, Acc state, boo
   }
   // Past the first non-finite state: the sign recurrence, 32 steps a scan; a NaN state fills.
   while (base < length && state == state) {
-    Acc coeff[kSlices], input[kSlices];
+    Acc coeff[Slices], input[Slices];
     #pragma unroll
-    for (int j = 0; j < kSlices; ++j) {
+    for (int j = 0; j < Slices; ++j) {
       const int64_t n = base + j * kLanes + lane;
       coeff[j] = Acc(1), input[j] = Acc(0);  // past the end: the identity
       if (n < length) load(n, coeff[j], input[j]);
     }
     #pragma unroll
-    for (int j = 0; j < kSlices; ++j) {
+    for (int j = 0; j < Slices; ++j) {
       const int64_t n = base + j * kLanes + lane;
       const Affine<Acc> map =
           segment_inclusive_scan<kLanes, false, false, Acc, false>(nonfinite_step(coeff[j], input[j]));
@@ -208,14 +223,14 @@ __device__ __forceinline__ Acc walk(int64_t length, int64_t from, Acc state, boo
       if (n < length) store(n, result);
       state = __shfl_sync(kAll, result, kLanes - 1);
     }
-    base += kSlices * kLanes;
+    base += Slices * kLanes;
   }
   for (int64_t n = base + lane; n < length; n += kLanes) store(n, state);  // NaN
   return state;
 }
 
 // The forward's rescan of packed sequence `segment` of `row`: outputs in the op's direction.
-template <bool LogCoeffs, typename T, typename C>
+template <RescanDepth Depth, bool LogCoeffs, typename T, typename C>
 __device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t segment) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
@@ -227,14 +242,14 @@ __device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t
   const int64_t first = params.reverse ? end - 1 : begin, step = params.reverse ? -1 : 1;
   const auto time = [&](int64_t n) { return first + n * step; };
   const auto result = [&](int64_t n) { return static_cast<Acc>(outputs[time(n) * params.outputs.time_stride]); };
-  const int64_t from = first_nonfinite(length, result);
+  const int64_t from = first_nonfinite<Depth.warp_slices>(length, result);
   if (from < 0) return;
   const bool has_initial = params.initial.data != nullptr;
   Acc state = Acc(0);
   if (from > 0) state = result(from - 1);
   else if (has_initial)
     state = static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride]);
-  walk(
+  walk<Depth.warp_slices>(
       length, from, state, !has_initial,
       [&](int64_t n, Acc& coeff, Acc& input) {
         input = static_cast<Acc>(inputs[time(n) * params.inputs.time_stride]);
@@ -246,7 +261,7 @@ __device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t
 // The backward's rescan: d_inputs against the forward's direction (step n's coefficient is the
 // conjugate of the one the forward applies after it; none for the forward's last step), then d_coeffs
 // and d_initial from them, as sequential_scan_backward computes them.
-template <bool LogCoeffs, typename T, typename C>
+template <RescanDepth Depth, bool LogCoeffs, typename T, typename C>
 __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64_t segment) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
@@ -265,9 +280,9 @@ __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64
     return coefficient(static_cast<Acc>(coeffs[time(n) * params.coeffs.time_stride]), LogCoeffs);
   };
   const auto result = [&](int64_t n) { return static_cast<Acc>(d_inputs[time(n) * params.d_inputs.time_stride]); };
-  const int64_t from = first_nonfinite(length, result);
+  const int64_t from = first_nonfinite<Depth.warp_slices>(length, result);
   if (from < 0) return;
-  const Acc d_state = walk(
+  const Acc d_state = walk<Depth.warp_slices>(
       length, from, from > 0 ? result(from - 1) : Acc(0), false,
       [&](int64_t n, Acc& coeff, Acc& input) {
         input = static_cast<Acc>(d_outputs[time(n) * params.d_outputs.time_stride]);
@@ -295,25 +310,23 @@ __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64
 
 }  // namespace warp_rescan
 
-// A rescan by one lane a sequence: the loop itself, kAhead steps' operands loaded before it multiplies
-// through them (a lane waits on one load's latency per kAhead steps). For sequences along strided time,
+// A rescan by one lane a sequence: the loop itself, Depth.lane_steps steps' operands loaded before it
+// multiplies through them (a lane waits on one load's latency per lane_steps steps). For sequences along strided time,
 // whose neighbouring rows are neighbouring channels, the 32 lanes of a warp on 32 rows read and write
 // each step with one access, where a warp on one row (above) touches a sector per step and lane; but a
-// lane walks its row kAhead steps per load latency where a warp walks 32 x kSlices, so a few flagged
+// lane walks its row lane_steps steps per load latency where a warp walks 32 x warp_slices, so a few flagged
 // rows among 32 go a warp each (kFewRows). A NaN state fills the rest of a real sequence unread.
 namespace lane_rescan {
 
-constexpr int kAhead = 16;
-
 // The first step, in walk order, of the `length` whose `value(n)` is not finite, or -1.
-template <typename Value>
+template <int Steps, typename Value>
 __device__ __forceinline__ int64_t first_nonfinite(int64_t length, Value&& value) {
-  for (int64_t base = 0; base < length; base += kAhead) {
-    bool nonfinite[kAhead];
+  for (int64_t base = 0; base < length; base += Steps) {
+    bool nonfinite[Steps];
     #pragma unroll
-    for (int j = 0; j < kAhead; ++j) nonfinite[j] = base + j < length && !is_finite(value(base + j));
+    for (int j = 0; j < Steps; ++j) nonfinite[j] = base + j < length && !is_finite(value(base + j));
     #pragma unroll
-    for (int j = 0; j < kAhead; ++j)
+    for (int j = 0; j < Steps; ++j)
       if (nonfinite[j]) return base + j;
   }
   return -1;
@@ -331,24 +344,24 @@ __device__ __forceinline__ bool stays_nan(const Acc& state) {
 // coefficient and input in walk order (step 0's coefficient is not used where `first_replaces`),
 // store(n, state) writes a result, fill(n, state) writes a result past a NaN state. Returns the last
 // state.
-template <typename Acc, typename Load, typename Store, typename Fill>
+template <int Steps, typename Acc, typename Load, typename Store, typename Fill>
 __device__ __forceinline__ Acc walk(int64_t length, int64_t from, Acc state, bool first_replaces, Load&& load,
                                      Store&& store, Fill&& fill) {
   int64_t base = from;
   while (base < length) {
-    Acc coeff[kAhead], input[kAhead];
+    Acc coeff[Steps], input[Steps];
     #pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
+    for (int j = 0; j < Steps; ++j) {
       coeff[j] = Acc(1), input[j] = Acc(0);
       if (base + j < length) load(base + j, coeff[j], input[j]);
     }
     #pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
+    for (int j = 0; j < Steps; ++j) {
       if (base + j >= length) break;
       state = base + j == 0 && first_replaces ? input[j] : coeff[j] * state + input[j];
       store(base + j, state);
     }
-    base += kAhead;
+    base += Steps;
     if (stays_nan(state)) break;
   }
   for (; base < length; ++base) fill(base, state);
@@ -356,7 +369,7 @@ __device__ __forceinline__ Acc walk(int64_t length, int64_t from, Acc state, boo
 }
 
 // The forward's rescan of packed sequence `segment` of `row`: outputs in the op's direction.
-template <bool LogCoeffs, typename T, typename C>
+template <RescanDepth Depth, bool LogCoeffs, typename T, typename C>
 __device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t segment) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
@@ -368,7 +381,7 @@ __device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t
   const int64_t first = params.reverse ? end - 1 : begin, step = params.reverse ? -1 : 1;
   const auto time = [&](int64_t n) { return first + n * step; };
   const auto result = [&](int64_t n) { return static_cast<Acc>(outputs[time(n) * params.outputs.time_stride]); };
-  const int64_t from = first_nonfinite(length, result);
+  const int64_t from = first_nonfinite<Depth.lane_steps>(length, result);
   if (from < 0) return;
   const bool has_initial = params.initial.data != nullptr;
   Acc state = Acc(0);
@@ -376,7 +389,7 @@ __device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t
   else if (has_initial)
     state = static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride]);
   const auto store = [&](int64_t n, Acc value) { outputs[time(n) * params.outputs.time_stride] = static_cast<T>(value); };
-  walk(
+  walk<Depth.lane_steps>(
       length, from, state, !has_initial,
       [&](int64_t n, Acc& coeff, Acc& input) {
         input = static_cast<Acc>(inputs[time(n) * params.inputs.time_stride]);
@@ -387,7 +400,7 @@ __device__ void rescan_forward(const ForwardParams& params, int64_t row, int64_t
 
 // The backward's rescan, as warp_rescan::rescan_backward's: d_inputs against the forward's direction,
 // d_coeffs and d_initial from them.
-template <bool LogCoeffs, typename T, typename C>
+template <RescanDepth Depth, bool LogCoeffs, typename T, typename C>
 __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64_t segment) {
   using Acc = accumulator_t<T>;
   const int64_t begin = params.boundary(segment), end = params.boundary(segment + 1), length = end - begin;
@@ -406,14 +419,14 @@ __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64
     return coefficient(static_cast<Acc>(coeffs[time(n) * params.coeffs.time_stride]), LogCoeffs);
   };
   const auto result = [&](int64_t n) { return static_cast<Acc>(d_inputs[time(n) * params.d_inputs.time_stride]); };
-  const int64_t from = first_nonfinite(length, result);
+  const int64_t from = first_nonfinite<Depth.lane_steps>(length, result);
   if (from < 0) return;
   const auto previous_output = [&](int64_t n) {  // the forward's state before step n, if it has one
     return n + 1 < length ? static_cast<Acc>(outputs[(time(n) + step) * params.outputs.time_stride])
                           : static_cast<Acc>(params.initial.template row<const C>(initial_at)[segment * params.initial.segment_stride]);
   };
   const bool sum_d_coeffs = params.sum_d_coeffs;  // added into by the parallel kernels alone
-  const Acc d_state = walk(
+  const Acc d_state = walk<Depth.lane_steps>(
       length, from, from > 0 ? result(from - 1) : Acc(0), false,
       [&](int64_t n, Acc& coeff, Acc& input) {
         input = static_cast<Acc>(d_outputs[time(n) * params.d_outputs.time_stride]);
@@ -440,21 +453,21 @@ __device__ void rescan_backward(const BackwardParams& params, int64_t row, int64
         static_cast<C>(conj(coeff_at_step(length - 1)) * d_state);
 }
 
-template <typename T, typename C, typename Params>
+template <RescanDepth Depth, typename T, typename C, typename Params>
 __device__ void rescan_sequence(const Params& params, int64_t row, int64_t segment) {
   if constexpr (std::is_same_v<Params, ForwardParams>) {
-    if (params.log_coeffs) rescan_forward<true, T, C>(params, row, segment);
-    else rescan_forward<false, T, C>(params, row, segment);
+    if (params.log_coeffs) rescan_forward<Depth, true, T, C>(params, row, segment);
+    else rescan_forward<Depth, false, T, C>(params, row, segment);
   } else {
-    if (params.log_coeffs) rescan_backward<true, T, C>(params, row, segment);
-    else rescan_backward<false, T, C>(params, row, segment);
+    if (params.log_coeffs) rescan_backward<Depth, true, T, C>(params, row, segment);
+    else rescan_backward<Depth, false, T, C>(params, row, segment);
   }
 }
 
 // Rescans the rows first_row + s of the bits s of `flags` that hold a non-finite result, a lane each
 // (every lane of the warp calls it with the same arguments). Channel pairs are rescanned channel by
 // channel, in two rounds of 16 pairs.
-template <typename T, typename C, typename Params>
+template <RescanDepth Depth, typename T, typename C, typename Params>
 __device__ void rescan_rows(const Params& params, unsigned flags, int64_t first_row) {
   const int lane = threadIdx.x % warp_rescan::kLanes;
   if constexpr (is_channel_pair<T>::value) {
@@ -465,18 +478,19 @@ __device__ void rescan_rows(const Params& params, unsigned flags, int64_t first_
       const int s = round * 16 + lane / 2;
       if ((flags >> s & 1u) && first_row + s < params.num_rows())
         for (int64_t segment = 0; segment < params.num_segments; ++segment)
-          rescan_sequence<Scalar, CoeffScalar>(scalar, 2 * (first_row + s) + lane % 2, segment);
+          rescan_sequence<Depth, Scalar, CoeffScalar>(scalar, 2 * (first_row + s) + lane % 2, segment);
     }
   } else {
     if ((flags >> lane & 1u) && first_row + lane < params.num_rows())
       for (int64_t segment = 0; segment < params.num_segments; ++segment)
-        rescan_sequence<T, C>(params, first_row + lane, segment);
+        rescan_sequence<Depth, T, C>(params, first_row + lane, segment);
   }
   __syncwarp();
 }
 
 // At most this many flagged rows of 32 neighbouring ones are rescanned a warp each rather than a lane
-// each: a warp's walk is 32 x kSlices / kAhead times as fast along time, at a sector per lane and step.
+// each: a warp's walk is 32 x warp_slices / lane_steps times as fast along time, at a sector per lane
+// and step.
 constexpr int kFewRows = 4;
 
 }  // namespace lane_rescan
@@ -490,82 +504,85 @@ __device__ __forceinline__ bool rescans_by_lane(const Params& params) {
 
 // rescan_segment() by the 32 lanes of a warp (all of them call it): in parallel for real types (above),
 // by the first lane for complex ones.
-template <typename T, typename C, typename Params>
+template <RescanDepth Depth, typename T, typename C, typename Params>
 __device__ void warp_rescan_segment(const Params& params, int64_t row, int64_t segment) {
   if constexpr (is_complex<accumulator_t<T>>::value) {
     if (threadIdx.x % warp_rescan::kLanes == 0) rescan_segment<T, C>(params, row, segment);
   } else if constexpr (std::is_same_v<Params, ForwardParams>) {
-    if (params.log_coeffs) warp_rescan::rescan_forward<true, T, C>(params, row, segment);
-    else warp_rescan::rescan_forward<false, T, C>(params, row, segment);
+    if (params.log_coeffs) warp_rescan::rescan_forward<Depth, true, T, C>(params, row, segment);
+    else warp_rescan::rescan_forward<Depth, false, T, C>(params, row, segment);
   } else {
-    if (params.log_coeffs) warp_rescan::rescan_backward<true, T, C>(params, row, segment);
-    else warp_rescan::rescan_backward<false, T, C>(params, row, segment);
+    if (params.log_coeffs) warp_rescan::rescan_backward<Depth, true, T, C>(params, row, segment);
+    else warp_rescan::rescan_backward<Depth, false, T, C>(params, row, segment);
   }
   __syncwarp();
 }
 
 // Rescans the packed sequences of row `row` of params over T and C (scalar types, or channel pairs of
 // them) that hold a non-finite result, by the 32 lanes of a warp (all of them call it).
-template <typename T, typename C, typename Params>
+template <RescanDepth Depth, typename T, typename C, typename Params>
 __device__ __forceinline__ void rescan_nonfinite(const Params& params, int64_t row) {
   if constexpr (is_channel_pair<T>::value) {
     using Scalar = decltype(T{}.first);
     using CoeffScalar = decltype(C{}.first);
     const Params scalar = unpaired(params);
     for (int64_t segment = 0; segment < params.num_segments; ++segment) {
-      warp_rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row, segment);
-      warp_rescan_segment<Scalar, CoeffScalar>(scalar, 2 * row + 1, segment);
+      warp_rescan_segment<Depth, Scalar, CoeffScalar>(scalar, 2 * row, segment);
+      warp_rescan_segment<Depth, Scalar, CoeffScalar>(scalar, 2 * row + 1, segment);
     }
   } else {
     for (int64_t segment = 0; segment < params.num_segments; ++segment)
-      warp_rescan_segment<T, C>(params, row, segment);
+      warp_rescan_segment<Depth, T, C>(params, row, segment);
   }
 }
 
 // Rescans the rows first_row + s of the bits s of `flags`, 32 neighbouring rows along strided time,
 // by one warp (every lane calls it): a warp a row where few are flagged, else a lane a row (lane_rescan).
-template <typename T, typename C, typename Params>
+template <RescanDepth Depth, typename T, typename C, typename Params>
 __device__ void rescan_neighbouring_rows(const Params& params, unsigned flags, int64_t first_row) {
   if (__popc(flags) > lane_rescan::kFewRows) {
-    lane_rescan::rescan_rows<T, C>(params, flags, first_row);
+    lane_rescan::rescan_rows<Depth, T, C>(params, flags, first_row);
     return;
   }
   for (; flags != 0; flags &= flags - 1) {
     const int64_t row = first_row + __ffs(flags) - 1;
-    if (row < params.num_rows()) rescan_nonfinite<T, C>(params, row);
+    if (row < params.num_rows()) rescan_nonfinite<Depth, T, C>(params, row);
   }
 }
 
 // Rescans rows first_row + s of the sequences s < count with flagged[s] (in shared memory), a warp
 // each, every warp of the block calling it. Not inlined, and called once at a kernel's end, so that
-// neither its registers nor those live across a call in a loop are the kernel's. The kernels' params
+// the registers live across it are few; its own registers still count in the kernel's (RescanDepth).
+// The kernels' params
 // are __grid_constant__: passed by reference to a call, a plain kernel parameter would be copied to
 // local memory by every thread at the kernel's start.
-template <typename T, typename C, typename Params>
+// StridedTime: whether the kernel's rows may run along strided time; where they cannot, the lane
+// rescan's registers are not compiled in.
+template <RescanDepth Depth, bool StridedTime, typename T, typename C, typename Params>
 __device__ __noinline__ void rescan_flagged_rows(const Params& params, const bool* flagged, int count,
                                                  int64_t first_row) {
   const int warps = blockDim.x / warp_rescan::kLanes;
-  if (rescans_by_lane(params)) {
+  if (StridedTime && rescans_by_lane(params)) {
     const int lane = threadIdx.x % warp_rescan::kLanes;
     for (int s = threadIdx.x / warp_rescan::kLanes * warp_rescan::kLanes; s < count; s += warps * warp_rescan::kLanes)
-      rescan_neighbouring_rows<T, C>(params, __ballot_sync(warp_rescan::kAll, s + lane < count && flagged[s + lane]),
-                                     first_row + s);
+      rescan_neighbouring_rows<Depth, T, C>(
+          params, __ballot_sync(warp_rescan::kAll, s + lane < count && flagged[s + lane]), first_row + s);
     return;
   }
   for (int s = threadIdx.x / warp_rescan::kLanes; s < count; s += warps)
-    if (flagged[s] && first_row + s < params.num_rows()) rescan_nonfinite<T, C>(params, first_row + s);
+    if (flagged[s] && first_row + s < params.num_rows()) rescan_nonfinite<Depth, T, C>(params, first_row + s);
 }
 
 // The same for the rows of a flags word (bit s: row first_row + s), a warp each.
-template <typename T, typename C, typename Params>
+template <RescanDepth Depth, typename T, typename C, typename Params>
 __device__ __noinline__ void rescan_flagged_rows(const Params& params, unsigned flags, int64_t first_row) {
   const int warps = blockDim.x / warp_rescan::kLanes;
   if (rescans_by_lane(params)) {
-    if (threadIdx.x < warp_rescan::kLanes) rescan_neighbouring_rows<T, C>(params, flags, first_row);
+    if (threadIdx.x < warp_rescan::kLanes) rescan_neighbouring_rows<Depth, T, C>(params, flags, first_row);
     return;
   }
   for (int s = threadIdx.x / warp_rescan::kLanes; s < 32; s += warps)
-    if ((flags >> s & 1u) && first_row + s < params.num_rows()) rescan_nonfinite<T, C>(params, first_row + s);
+    if ((flags >> s & 1u) && first_row + s < params.num_rows()) rescan_nonfinite<Depth, T, C>(params, first_row + s);
 }
 
 #endif  // __CUDACC__

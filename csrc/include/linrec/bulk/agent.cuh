@@ -284,7 +284,8 @@ struct BulkThread {
   }
 
   // A staying block's share of the rescan: groups from the counter, a warp each, its flagged rows a lane
-  // each or, where few, a warp each (nonfinite_rescan.h). Not inlined, so that its registers are not the kernel's.
+  // each or, where few, a warp each (nonfinite_rescan.h). Not inlined, so that few registers are live
+  // across it; its own count in the kernel's, which the scan's launch bounds already cap.
   template <typename Params>
   __device__ __noinline__ static void rescan_flagged_groups(const Params& params, int tiles_per_row, int channels,
                                                             int num_groups) {
@@ -298,7 +299,7 @@ struct BulkThread {
       unsigned flags = static_cast<unsigned>(__ldcg(chain_layout(params).rescan_flags(chain_workspace(params), group)));
       if (channels - tile_begin < kChannels) flags &= (1u << (channels - tile_begin)) - 1u;  // the row's last tile
       const int64_t first_row = static_cast<int64_t>(group / tiles_per_row) * channels + tile_begin;
-      if (flags != 0) linrec::rescan_neighbouring_rows<T, C>(params, flags, first_row);
+      if (flags != 0) linrec::rescan_neighbouring_rows<kOwnDepth, T, C>(params, flags, first_row);
     }
   }
 };

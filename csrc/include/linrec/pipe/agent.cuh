@@ -201,7 +201,8 @@ struct PipeThread {
       __syncthreads();
       if (nonfinite) storage.flagged[sequence_in_block] = true;
       __syncthreads();
-      linrec::rescan_flagged_rows<T, C>(params, storage.flagged, kSequencesPerBlock, group * kSequencesPerBlock);
+      linrec::rescan_flagged_rows<kScanEndDepth, Config.access == Access::Strided, T, C>(
+          params, storage.flagged, kSequencesPerBlock, group * kSequencesPerBlock);
     }
   }
 
@@ -211,7 +212,7 @@ struct PipeThread {
   __device__ __forceinline__ static void rescan_flagged(const Params& params) {
     const int64_t group = blockIdx.x;
     const unsigned flags = static_cast<unsigned>(*chain_layout(params).rescan_flags(params.workspace, group));
-    if (flags != 0) linrec::rescan_flagged_rows<T, C>(params, flags, group * kSequencesPerBlock);
+    if (flags != 0) linrec::rescan_flagged_rows<kOwnDepth, T, C>(params, flags, group * kSequencesPerBlock);
   }
 };
 
