@@ -186,21 +186,26 @@ template <typename V>
 class CarryWatch {
   using A = std::remove_cvref_t<decltype(V{}[0])>;
   using Bits = typename LanesOf<LaneBits<A>, sizeof(V) / sizeof(A)>::type;
+  using UnsignedBits = std::make_unsigned_t<LaneBits<A>>;
+  using Unsigned = typename LanesOf<UnsignedBits, sizeof(V) / sizeof(A)>::type;
   // Magnitudes compared as the integers of their bits, which order them (NaN above Inf); GCC lowers
-  // float compares of vector extensions lane by lane.
+  // float compares of vector extensions lane by lane. Shifted by kShift, the finite ones are positive
+  // and the non-finite ones (Inf's bits and up) wrap to negative integers, which the signed maximum
+  // leaves out: one addition a vector where a compare and a select took two.
   static constexpr LaneBits<A> kBoundBits = std::bit_cast<LaneBits<A>>(static_cast<A>(kCarryBound));
-  static constexpr LaneBits<A> kInfinityBits = std::bit_cast<LaneBits<A>>(std::numeric_limits<A>::infinity());
-  Bits largest{};
+  static constexpr UnsignedBits kInfinityBits = std::bit_cast<UnsignedBits>(std::numeric_limits<A>::infinity());
+  static constexpr UnsignedBits kShift = (UnsignedBits(1) << (8 * sizeof(A) - 1)) - kInfinityBits;
+  Bits largest{};  // below every shifted finite magnitude (at least kShift)
 
  public:
   // Non-finite products are left out: the results they reach are rescanned (launch.h), and a NaN or
   // Inf at one step must not change how the steps before it are scanned (not a bit of their results).
   void note(V products) {
     const Bits magnitude = (Bits)products & std::numeric_limits<LaneBits<A>>::max();
-    const Bits finite = magnitude < kInfinityBits ? magnitude : Bits{};
-    largest = finite > largest ? finite : largest;
+    const Bits shifted = (Bits)((Unsigned)magnitude + kShift);
+    largest = shifted > largest ? shifted : largest;
   }
-  bool exceeded() const { return any(largest > kBoundBits); }
+  bool exceeded() const { return any(largest > static_cast<LaneBits<A>>(kBoundBits + kShift)); }
 };
 
 // One pass of the kernels of one element type T of inputs and outputs (and their gradients), element
