@@ -442,6 +442,29 @@ def test_float32_accuracy_with_decays_near_one(device, seed, coeffs_kind, rows, 
     assert error(outputs) <= 3 * loop_error, f"error {error(outputs):.3g}, the float32 loop's {loop_error:.3g}"
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "baseline"])
+def test_float32_accuracy_on_every_instruction_set(seed, monkeypatch, isa):
+    """The bound above on the CPU kernels of every vector width (LINREC_CPU_ISA; sets the CPU lacks are
+    skipped): the 16-byte ones (SSE2, and NEON on aarch64) have no fused multiply-add to take a
+    product's rounding error from, and must not lose the compensation for it."""
+    monkeypatch.setenv("LINREC_CPU_ISA", isa)
+    try:
+        linrec.linrec(torch.ones(3), torch.ones(3))
+    except ValueError as error:
+        if "this CPU lacks" in str(error):
+            pytest.skip(str(error))
+        raise
+    rows, length = 640, 1 << 12
+    decays = torch.cat([torch.tensor(DECAYS), uniform((rows - len(DECAYS),), 0.999, 1.0)])[:, None]
+    inputs = torch.randn(rows, length)
+    exact = sequential_loop(inputs, decays, torch.float64)
+    scale = exact.abs().amax(dim=1, keepdim=True)
+    error = lambda outputs: ((outputs.double() - exact).abs() / scale).amax().item()  # noqa: E731
+    loop_error = error(sequential_loop(inputs, decays, torch.float32))
+    outputs = linrec.linrec(inputs, decays)
+    assert error(outputs) <= 3 * loop_error, f"error {error(outputs):.3g}, the float32 loop's {loop_error:.3g}"
+
+
 # --- last_states: the state each sequence ends in -----------------------------------------------------------
 
 # Empty sequences first, in the middle (twice in a row) and last; one of a single step.

@@ -65,7 +65,7 @@ inline V shift_lanes(V v, V before, std::index_sequence<I...>) {
 }
 
 // A product of coefficients as value + error, error the rounding error of the multiplications that
-// formed value (two-product by a fused multiply-add, Dekker 1971), to first order; 0 unless
+// formed value (two-product, Dekker 1971: vector.h's product_error), to first order; 0 unless
 // Compensated. A non-finite product has a NaN error: the outputs it reaches are non-finite either way,
 // and rescanned.
 template <typename V, bool Compensated>
@@ -76,14 +76,14 @@ struct Product {
   Product times(const Product& earlier) const {
     const V product = value * earlier.value;
     if constexpr (!Compensated) return {product, V{}};
-    const V rounding = multiply_add(value, earlier.value, -product);
+    const V rounding = product_error(value, earlier.value, product);
     return {product, multiply_add(value, earlier.error, multiply_add(error, earlier.value, rounding))};
   }
   // The product of two exact factors, this one (later) and `earlier`: the error is the rounding alone.
   static Product of_exact(V later, V earlier) {
     const V product = later * earlier;
     if constexpr (!Compensated) return {product, V{}};
-    return {product, multiply_add(later, earlier, -product)};
+    return {product, product_error(later, earlier, product)};
   }
   // product * state + offset.
   V apply(V state, V offset) const {

@@ -133,6 +133,23 @@ inline V multiply_add(V a, V b, V c) {
   return a * b + c;
 }
 
+// The rounding error of `product` = a * b, exactly (Dekker's two-product): a * b - product by one
+// fused multiply-add on the widths that have one (AVX2, AVX-512), else from Veltkamp's split of each
+// factor into halves whose products are exact. The 16-byte vectors (SSE2, NEON) take the split:
+// multiply_add rounds twice there, which loses the error altogether (float32 with decays near one
+// then read 40x the float32 loop's error on the baseline kernels).
+template <typename V>
+inline V product_error(V a, V b, V product) {
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64 || sizeof(V) == 32) return multiply_add(a, b, -product);
+#endif
+  using A = std::remove_cvref_t<decltype(V{}[0])>;
+  constexpr A kSplitter = sizeof(A) == 8 ? A(134217729.0) : A(4097.0);  // 2^27 + 1, 2^12 + 1
+  const V scaled_a = kSplitter * a, a_high = scaled_a - (scaled_a - a), a_low = a - a_high;
+  const V scaled_b = kSplitter * b, b_high = scaled_b - (scaled_b - b), b_low = b - b_high;
+  return ((a_high * b_high - product) + a_high * b_low + a_low * b_high) + a_low * b_low;
+}
+
 // The element type a kernel computes in: float for the 16-bit types, else the stored type.
 template <typename T>
 using Acc = std::conditional_t<(sizeof(T) < sizeof(float)), float, T>;
