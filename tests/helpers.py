@@ -214,3 +214,15 @@ def packed_offsets(length, tile, items, dense_tiles=2):
     cuts = {1, length - 1} | {edge + step for edge in edges for step in (-1, 0, 1)}
     offsets = sorted([0, 0, *(cut for cut in cuts if 0 < cut < length), min(tile, length), length, length])
     return torch.tensor(offsets, dtype=torch.int32)
+
+
+def use_instruction_set(monkeypatch: pytest.MonkeyPatch, isa: str) -> None:
+    """Runs the CPU kernels compiled for `isa` (LINREC_CPU_ISA) for the rest of the test, or skips the
+    test where this CPU lacks it."""
+    monkeypatch.setenv("LINREC_CPU_ISA", isa)
+    try:
+        linrec.linrec(torch.ones(3), torch.ones(3))
+    except ValueError as error:
+        if "this CPU lacks" in str(error):
+            pytest.skip(str(error))
+        raise

@@ -26,7 +26,7 @@ import re
 
 import pytest
 import torch
-from helpers import TOLERANCE, random_coeffs, random_values, wide
+from helpers import TOLERANCE, random_coeffs, random_values, use_instruction_set, wide
 
 import linrec
 from linrec import linrec_hop, linrec_loop, linrec_reference
@@ -523,13 +523,7 @@ def test_every_instruction_set_matches_reference(seed, monkeypatch, isa):
     through LINREC_CPU_ISA (sets the CPU lacks are skipped): every lane remainder of both vector
     layouts matches the float64 reference, and a row split across threads is bitwise equal for every
     thread count."""
-    monkeypatch.setenv("LINREC_CPU_ISA", isa)
-    try:
-        linrec.linrec(torch.ones(3), torch.ones(3))
-    except ValueError as error:
-        if "this CPU lacks" in str(error):
-            pytest.skip(str(error))
-        raise
+    use_instruction_set(monkeypatch, isa)
     for dtype in (torch.float32, torch.bfloat16):
         for reverse in (False, True):
             check_rows_every_length(dtype, 3, "per_element", reverse, True, False)

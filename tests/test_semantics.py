@@ -10,7 +10,15 @@ import torch
 
 import linrec
 from linrec.reference import compute_dtype
-from helpers import TOLERANCE, TRITON_DEVICES, TRITON_ON_GPU, random_values, triton_runs_on, wide
+from helpers import (
+    TOLERANCE,
+    TRITON_DEVICES,
+    TRITON_ON_GPU,
+    random_values,
+    triton_runs_on,
+    use_instruction_set,
+    wide,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -447,13 +455,7 @@ def test_float32_accuracy_on_every_instruction_set(seed, monkeypatch, isa):
     """The bound above on the CPU kernels of every vector width (LINREC_CPU_ISA; sets the CPU lacks are
     skipped): the 16-byte ones (SSE2, and NEON on aarch64) have no fused multiply-add to take a
     product's rounding error from, and must not lose the compensation for it."""
-    monkeypatch.setenv("LINREC_CPU_ISA", isa)
-    try:
-        linrec.linrec(torch.ones(3), torch.ones(3))
-    except ValueError as error:
-        if "this CPU lacks" in str(error):
-            pytest.skip(str(error))
-        raise
+    use_instruction_set(monkeypatch, isa)
     rows, length = 640, 1 << 12
     decays = torch.cat([torch.tensor(DECAYS), uniform((rows - len(DECAYS),), 0.999, 1.0)])[:, None]
     inputs = torch.randn(rows, length)
