@@ -171,14 +171,23 @@ struct PipeThread {
     return tile_begin(step) + static_cast<int64_t>(rank) * kItems;
   }
 
-  // `resets`: whether the thread's items hold a sequence start (TileScan::scan). Chained blocks alone
-  // take the plain path where they hold none: a chained block scans one tile and then waits, with
-  // nothing else in flight, so the two instructions an item are on its path to memory (float32
-  // 1 x 2^24 forward 0.60 -> 0.74 of torch.add). Pipes hide them behind their loads, and two paths cost
-  // the 16-bit pipes registers (bfloat16 13200 x 1024 forward 0.82 -> 0.77).
+  // Whether a tile whose items hold no sequence start takes the plain path (TileScan::scan's
+  // `resets`) rather than the reset path, two more instructions an item. Chained blocks: each scans
+  // one tile and then waits, with nothing else in flight, so those instructions are on its path to
+  // memory (float32 1 x 2^24 forward 0.60 -> 0.74 of torch.add). The forwards of pipes over long rows
+  // (tiles of a warp or more) with real 32-bit or wider coefficients, where every tile but a row's
+  // first holds no start: float32 2048 x 16384 reverse with an initial state forward 0.77 -> 0.88 on an
+  // H200. Not their backwards (float32 13200 x 16384 backward 0.86 -> 0.75: the fused backward's two
+  // paths cost it registers), nor pipes of 16-bit coefficients (bfloat16 13200 x 1024 forward
+  // 0.82 -> 0.77), nor short rows, whose one tile holds the start.
+  static constexpr bool kPlainWithoutStarts =
+      kChained || (!kStrided && ScanReverse == Config.reverse && Config.threads_per_sequence >= kWarp &&
+                   !is_complex<C>::value && sizeof(C) >= sizeof(float));
+
+  // `resets`: whether the thread's items hold a sequence start (TileScan::scan).
   template <typename Prefix>
   __device__ __forceinline__ void scan(Acc (&value)[kItems], Acc (&coeff)[kItems], Prefix& prefix, bool resets) const {
-    Scan::scan(value, coeff, scan_storage, prefix, kChained ? resets : true);
+    Scan::scan(value, coeff, scan_storage, prefix, kPlainWithoutStarts ? resets : true);
   }
 
   // Called by every thread of the block after its tiles, with whether this thread wrote a non-finite

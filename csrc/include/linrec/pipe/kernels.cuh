@@ -182,8 +182,14 @@ __global__ void __launch_bounds__(block_threads(PolicyT::config))
 // a block per group of sequences, a warp per sequence.
 constexpr int kRescanWarps = 4;
 
+// Launched as a programmatic dependent of the chained kernel where the GPU has them (sm_90 and newer:
+// pipe_scan.cu), so that its launch overlaps the chained kernel's last blocks; it then waits here
+// until that kernel has completed and its stores are visible.
 template <typename T, typename C, typename PolicyT, typename Params>
 __global__ void __launch_bounds__(kRescanWarps * kWarp) pipe_rescan_kernel(const __grid_constant__ Params params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   PipeThread<T, C, PolicyT::config, false>::rescan_flagged(params);
 }
 
