@@ -119,6 +119,29 @@ class NonfiniteWitness {
   Bits largest{};         // 16-bit T: the largest magnitude's bits noted in each lane
 
  public:
+  // Whether the kernels note every vector of results (note_each), or only a pass's last (note_last).
+  // Lane i of a pass's results is a chain: each vector's is c * (the previous vector's) + b, and
+  // c * s + b is Inf or NaN for every c and b once s is (c * Inf is +-Inf, or NaN for c = 0), so a
+  // non-finite result in a lane reaches that lane of the last vector, pad lanes included. A 16-bit T's
+  // float beyond its range is finite and need not persist, so those are noted vector by vector.
+  static constexpr bool kEveryVector = kNarrow;
+
+  void note_each(V v) {
+    if constexpr (kEveryVector) note(v);
+  }
+  void note_last(V v) {
+    if constexpr (!kEveryVector) note(v);
+  }
+
+  bool found() const {
+    if constexpr (kNarrow) return any(largest >= kOverflowBits);
+    // Finite lanes hold +0 exactly (v * 0 + 0, from +0: a sum of zeros is -0 only where both are),
+    // so a set bit is a NaN: one test, where a float compare took two more instructions on the
+    // sequence's last dependency chain.
+    else return any((Bits)product_with_zero);
+  }
+
+ private:
   // Notes every lane of a vector of results, the pad lanes of a partial one too: those follow the
   // span's lanes in scan order (Lanes::of), with identity steps that repeat the span's last result
   // (or, for operands broadcast along time, a real step from it, which is finite unless that result
@@ -132,13 +155,6 @@ class NonfiniteWitness {
       largest = magnitude > largest ? magnitude : largest;
     }
     else product_with_zero = multiply_add(v, V{}, product_with_zero);
-  }
-  bool found() const {
-    if constexpr (kNarrow) return any(largest >= kOverflowBits);
-    // Finite lanes hold +0 exactly (v * 0 + 0, from +0: a sum of zeros is -0 only where both are),
-    // so a set bit is a NaN: one test, where a float compare took two more instructions on the
-    // sequence's last dependency chain.
-    else return any((Bits)product_with_zero);
   }
 };
 
@@ -398,12 +414,13 @@ struct RowScanPass {
       if constexpr ((P & kScan) != 0) {
         out = a.apply(out, b);
         store_row<Full>(outputs, out, lanes);
-        written.note(out);
+        written.note_each(out);
       }
       if constexpr ((P & kMap) != 0) compose_map(a, b, map_coeff, map_state, !Full && j == 0);
       return true;
     });
     if (!whole || (kWatched && watch.exceeded())) return std::nullopt;
+    written.note_last(out);
     return last_lane(map_coeff, map_state, A(0), written.found());
   }
 
@@ -458,7 +475,7 @@ struct RowScanPass {
       if constexpr ((P & kScan) != 0) {
         d = a.apply(d, b);
         store_row<Full>(d_inputs, d, lanes);
-        written.note(d);
+        written.note_each(d);
         V d_coeff = d * previous;
         if constexpr (LogCoeffs) d_coeff = d_coeff * own_coeff;
         if constexpr (!Full) {
@@ -473,6 +490,7 @@ struct RowScanPass {
       return true;
     });
     if (!whole || (kWatched && watch.exceeded())) return std::nullopt;
+    written.note_last(d);
     return last_lane(map_coeff, map_state, last, written.found());
   }
 };
