@@ -176,7 +176,7 @@ struct PipeThread {
   // one tile and then waits, with nothing else in flight, so those instructions are on its path to
   // memory (float32 1 x 2^24 forward 0.60 -> 0.74 of torch.add). The forwards of pipes over long rows
   // (tiles of a warp or more) with real 32-bit or wider coefficients, where every tile but a row's
-  // first holds no start: float32 2048 x 16384 reverse with an initial state forward 0.77 -> 0.88 on an
+  // first holds no start: float32 2048 x 16384 reverse with an initial state forward 0.76 -> 0.88 on an
   // H200. Not their backwards (float32 13200 x 16384 backward 0.86 -> 0.75: the fused backward's two
   // paths cost it registers), nor pipes of 16-bit coefficients (bfloat16 13200 x 1024 forward
   // 0.82 -> 0.77), nor short rows, whose one tile holds the start.
