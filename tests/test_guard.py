@@ -239,5 +239,6 @@ def test_grids_are_valid_calls(grid):
         if isinstance(case, guard.ScanCase):
             assert math.prod(case.shape) <= 1 << 28
     quick = [case for case in cases if case.quick]
-    assert {type(case) for case in quick} == {guard.ScanCase, guard.GaeCase, guard.SelectiveScanCase}
+    assert {type(case) for case in quick} == {guard.ScanCase, guard.GaeCase, guard.SelectiveScanCase,
+                                              guard.StateUpdateCase}
     assert {case.name for case in quick} >= {"time-last", "few-long", "packed-16", "nan", "tiny"}

@@ -23,13 +23,20 @@ STABLE_TORCH_LIBRARY(linrec, m) {
         "int vectors_per_thread=0) -> (Tensor, Tensor, Tensor)");
   // Mamba's selective scan, fused: the state x (batch, d, n) runs x_t = exp(dt_t * A) * x_{t-1} + dt_t * B_t * u_t
   // from initial (zeros when None), dt = delta (+ delta_bias, through softplus when delta_softplus), and
-  // out_t = (sum_n C_t * x_t + D * u_t) * silu(z_t). Real A only. Shapes and dtypes in
-  // csrc/include/linrec/ssm/params.h; every tensor contiguous. Returns (out, checkpoints, last_state):
-  // checkpoints are the states every 1024 steps that the backward recomputes from; last_state is the
+  // out_t = (sum_n C_t * x_t + D * u_t) * silu(z_t); A real, or complex for a complex state.
+  // Shapes and dtypes in csrc/include/linrec/ssm/params.h; every tensor contiguous. Returns (out, checkpoints,
+  // last_state): checkpoints are the states every 512 steps that the backward recomputes from; last_state is the
   // state after each sequence's last step (its initial state when it has none).
   m.def("selective_scan_forward(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D=None, "
         "Tensor? z=None, Tensor? delta_bias=None, bool delta_softplus=False, Tensor? initial=None, "
         "Tensor? cu_seqlens=None) -> (Tensor, Tensor, Tensor)");
+  // One step of selective_scan_forward from each batch row's row of state (slots, d, n) (state_indices:
+  // int32 or int64 (batch,), a negative entry or one past the rows a padded batch row, starting from
+  // zeros and written nowhere; None: row b), the new state written back in place: u, delta and z
+  // (batch, d, 1), B and C as selective_scan_forward takes them with a length of 1. Returns out.
+  m.def("selective_state_update(Tensor(a!) state, Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, "
+        "Tensor? D=None, Tensor? z=None, Tensor? delta_bias=None, bool delta_softplus=False, "
+        "Tensor? state_indices=None) -> Tensor");
   // Gradients of selective_scan_forward for d_out and d_last_state (None: zero):
   // (d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial), empty for absent optional arguments.
   // deterministic: the same bits on every run (on the GPU, for varying B and C, only where B and C

@@ -15,6 +15,7 @@ from ._version import __version__
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
 from .scan import BACKENDS, last_states, linrec
 from .ssm import selective_scan
+from .state_update import selective_state_update
 from . import distributed, nn, rl, ssm
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "nn",
     "rl",
     "selective_scan",
+    "selective_state_update",
     "ssm",
 ]
 

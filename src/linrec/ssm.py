@@ -129,12 +129,8 @@ def selective_scan(
     delta_softplus = as_bool(_OP, "delta_softplus", delta_softplus)
     return_last_state = as_bool(_OP, "return_last_state", return_last_state)
     batch, d, n, length = _check(u, delta, A, B, C, D, z, delta_bias, initial, cu_seqlens)
-    real_dtype = torch.float32
-    for tensor in (u, delta, A, B, C, D, z, delta_bias, initial):
-        if tensor is not None:
-            real_dtype = torch.promote_types(real_dtype, _REAL_PART.get(tensor.dtype, tensor.dtype))
+    real_dtype, state_dtype = compute_dtypes(u, delta, A, B, C, D, z, delta_bias, initial)
     complex_state = A.is_complex()
-    state_dtype = _COMPLEX_OF[real_dtype] if complex_state else real_dtype
     if runs_fused(backend, u.device, _sums_in_fixed_order(A, B, C, real_dtype)):
         out, last_state = _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
                                  state_dtype)
@@ -187,13 +183,33 @@ def _sums_in_fixed_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, real
     return len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= 64 and real_dtype == torch.float32
 
 
+def compute_dtypes(u, delta, A, B, C, D, z, delta_bias, initial) -> tuple[torch.dtype, torch.dtype]:
+    """(real, state): float32 at least, float64 where any argument is; the state's, the real dtype or its
+    complex type beside a complex A."""
+    real_dtype = torch.float32
+    for tensor in (u, delta, A, B, C, D, z, delta_bias, initial):
+        if tensor is not None:
+            real_dtype = torch.promote_types(real_dtype, _REAL_PART.get(tensor.dtype, tensor.dtype))
+    return real_dtype, _COMPLEX_OF[real_dtype] if A.is_complex() else real_dtype
+
+
 def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype: torch.dtype,
            state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused kernels' call: the per-step operands in one dtype (u's, delta's and z's common one, or float64
-    where any argument is), D and delta_bias in the real dtype (float32, or float64), A and initial in the state
-    dtype (that, or its complex type beside a complex A), B and C varying as (batch, groups, n, length): in the
-    state dtype for a complex A (interleaved pairs read as complex numbers), else in the per-step or the real
-    dtype."""
+    """The fused kernels' call, on fused_operands."""
+    operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
+    out, last_state = fused(*operands[:8], delta_softplus, operands[8],
+                            None if cu_seqlens is None else cu_seqlens.contiguous())
+    return out.to(u.dtype), last_state
+
+
+def fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype: torch.dtype,
+                   state_dtype: torch.dtype) -> tuple[torch.Tensor | None, ...]:
+    """The fused ops' operands (u, delta, A, B, C, D, z, delta_bias, initial): the per-step operands in one dtype
+    (u's, delta's and z's common one, or float64 where any argument is), D and delta_bias in the real dtype
+    (float32, or float64), A and initial in the state dtype (that, or its complex type beside a complex A), B
+    and C varying as (batch, groups, n, length): in the state dtype for a complex A (interleaved pairs read as
+    complex numbers), else in the per-step or the real dtype. Shared by the scan and its decode step
+    (state_update.py), so that both compute from the same values."""
     if real_dtype == torch.float64:
         values = torch.float64
     else:
@@ -216,10 +232,8 @@ def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seql
     varying = [M.dtype for M in (B, C) if M.dim() > 2]
     wide = any(dtype != values for dtype in varying)
     projection_dtype = real_dtype if wide else values
-    out, last_state = fused(per_step(u), per_step(delta), small(A, state_dtype), projection(B, projection_dtype),
-                            projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), delta_softplus,
-                            small(initial, state_dtype), None if cu_seqlens is None else cu_seqlens.contiguous())
-    return out.to(u.dtype), last_state
+    return (per_step(u), per_step(delta), small(A, state_dtype), projection(B, projection_dtype),
+            projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), small(initial, state_dtype))
 
 
 def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tensor:

@@ -54,6 +54,9 @@ ssm::Plan make_plan(const ssm::ForwardParams& params);
 ssm::Plan make_plan(const ssm::BackwardParams& params);
 void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream);
 void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream_t stream);
+// Its decode step (ssm/step_kernels.cuh): no plan to make, one kernel.
+ssm::Plan make_plan(const ssm::StateUpdateParams& params);
+void launch(const ssm::Plan& plan, const ssm::StateUpdateParams& params, cudaStream_t stream);
 
 // Throws a clear error when `device` cannot run this build's kernels (its arch is not compiled in,
 // or the driver is too old for the CUDA runtime linked into linrec).

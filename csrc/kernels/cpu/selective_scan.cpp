@@ -122,4 +122,5 @@ STABLE_TORCH_LIBRARY_IMPL(linrec, CPU, m) {
   using namespace linrec::ssm;
   m.impl("selective_scan_forward", TORCH_BOX(&forward_op<forward_cpu>));
   m.impl("selective_scan_backward", TORCH_BOX(&backward_op<backward_cpu>));
+  m.impl("selective_state_update", TORCH_BOX((&state_update_op<ForwardParams, forward_cpu>)));
 }

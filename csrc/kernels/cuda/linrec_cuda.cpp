@@ -51,4 +51,6 @@ STABLE_TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
   m.impl("backward", TORCH_BOX((&backward_op<launch_on_device_of<BackwardParams>, CoeffGradientSum::InKernel>)));
   m.impl("selective_scan_forward", TORCH_BOX(&ssm::forward_op<launch_on_device_of<ssm::ForwardParams>>));
   m.impl("selective_scan_backward", TORCH_BOX(&ssm::backward_op<launch_on_device_of<ssm::BackwardParams>>));
+  m.impl("selective_state_update",
+         TORCH_BOX((&ssm::state_update_op<ssm::StateUpdateParams, launch_on_device_of<ssm::StateUpdateParams>>)));
 }

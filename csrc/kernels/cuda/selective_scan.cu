@@ -1,7 +1,7 @@
 // The fused selective scan's translation unit: its two kernel families, the lane family
-// (ssm/lane_kernels.cuh) for Mamba's operands and the block family (ssm/kernels.cuh) for the rest,
-// instantiated for every element type of u (T), of varying B and C (W: T, or the state type S beside
-// 16-bit T or a complex A).
+// (ssm/lane_kernels.cuh) for Mamba's operands and the block family (ssm/kernels.cuh) for the rest, and
+// its decode step (ssm/step_kernels.cuh), instantiated for every element type of u (T), of varying B and
+// C (W: T, or the state type S beside 16-bit T or a complex A).
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
@@ -14,6 +14,7 @@
 #include "linrec/dispatch.h"
 #include "linrec/ssm/kernels.cuh"
 #include "linrec/ssm/lane_kernels.cuh"
+#include "linrec/ssm/step_kernels.cuh"
 
 namespace linrec::cuda {
 namespace {
@@ -258,6 +259,30 @@ void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream
       launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, true>, params, shared_bytes, stream);
     else
       launch_rows<Policy>(ssm::backward_kernel<T, W, S, Policy, false>, params, shared_bytes, stream);
+  });
+}
+
+ssm::Plan make_plan(const ssm::StateUpdateParams&) { return {}; }
+
+// A float32 state of n <= 64 takes the lane kernels' arithmetic (the scan's bits), four lanes a channel up
+// to n = 16 and sixteen up to 64; any other a warp a channel.
+void launch(const ssm::Plan&, const ssm::StateUpdateParams& params, cudaStream_t stream) {
+  const int64_t rows = params.batch * params.d;
+  if (rows == 0) return;
+  dispatch_types(params, [&]<typename T, typename W, typename S>() {
+    const auto run = [&](void (*kernel)(ssm::StateUpdateParams), int64_t channels_per_block) {
+      const int64_t blocks = (rows + channels_per_block - 1) / channels_per_block;
+      if (blocks > std::numeric_limits<int>::max())
+        throw std::invalid_argument("linrec: selective_state_update: batch * d = " + std::to_string(rows) +
+                                    " needs more than the 2^31 - 1 blocks a launch can have");
+      kernel<<<static_cast<unsigned>(blocks), ssm::step::kThreads, 0, stream>>>(params);
+      LINREC_CUDA_CHECK(cudaGetLastError());
+    };
+    if constexpr (std::is_same_v<S, float>) {
+      if (params.n <= 16) return run(ssm::step::lane_step_kernel<T, W, 4>, ssm::step::kThreads / 4);
+      if (params.n <= 64) return run(ssm::step::lane_step_kernel<T, W, 16>, ssm::step::kThreads / 16);
+    }
+    run(ssm::step::warp_step_kernel<T, W, S>, ssm::step::kThreads / 32);
   });
 }
 

@@ -6,6 +6,8 @@ torch.ops.linrec.selective_scan_forward(u, delta, A, B, C, D, z, delta_bias, del
 torch.ops.linrec.selective_scan_backward(d_out, d_last_state, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                          initial, cu_seqlens, checkpoints, deterministic=False)
     -> (d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial)
+torch.ops.linrec.selective_state_update(state, u, delta, A, B, C, D, z, delta_bias, delta_softplus, state_indices)
+    -> out, the decode step, state updated in place (linrec.selective_state_update)
 Schemas and semantics are declared in csrc/kernels/schemas.cpp. The forward is differentiable once (in
 every tensor argument and through last_state); a second derivative raises.
 """
@@ -42,6 +44,12 @@ def _forward_fake(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_soft
     chunks = (length + CHUNK - 1) // CHUNK
     return (u.new_empty(u.shape), u.new_empty((batch, d, chunks, n), dtype=state),
             u.new_empty((sequences, d, n), dtype=state))
+
+
+@torch.library.register_fake("linrec::selective_state_update")
+def _state_update_fake(state, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                       state_indices=None):
+    return u.new_empty(u.shape)
 
 
 @torch.library.register_fake("linrec::selective_scan_backward")

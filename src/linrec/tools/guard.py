@@ -275,6 +275,39 @@ class SelectiveScanCase(Case):
                                                                               "api-bwd": backward})
 
 
+@dataclass(frozen=True, kw_only=True)
+class StateUpdateCase(Case):
+    """linrec.selective_state_update (the decode step) with D, z, dt_bias and softplus, outside autograd: the
+    state (batch, d, n) float32, x, dt and z (batch, d) and B and C (batch, n) in the dtype. The step reads and
+    writes the state: bytes are counted as 3 state-sized tensors, torch.add's on two of them (a fixed scale).
+    A build without the step skips the row."""
+
+    batch: int
+    d: int
+    n: int
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return ("api-fwd",)
+
+    def shape_text(self) -> str:
+        return f"{self.batch}x{self.d}x{self.n}"
+
+    def workload(self, device: torch.device) -> Workload:
+        state = torch.randn(self.batch, self.d, self.n, device=device)
+        per_channel = (self.batch, self.d)
+        x, dt, z = (torch.randn(per_channel, device=device, dtype=self.dtype) for _ in range(3))
+        B, C = (torch.randn(self.batch, self.n, device=device, dtype=self.dtype) for _ in range(2))
+        A = -torch.rand(self.d, self.n, device=device) - 0.5
+        D, dt_bias = torch.randn(self.d, device=device), 0.1 * torch.randn(self.d, device=device)
+
+        def step() -> torch.Tensor:
+            with torch.no_grad():
+                return linrec.selective_state_update(state, x, dt - 1, A, B, C, D, z, dt_bias, True)
+
+        return Workload(lambda: torch.add(state, state), {"api-fwd": lambda: step})
+
+
 def packed_offsets(length: int, sequences: int, empty: bool = False, seed: int = 0) -> torch.Tensor:
     """int32 cu_seqlens of ``sequences`` sequences of random unequal lengths that fill ``length``, the same
     on every run; with ``empty``, one of them is empty."""
@@ -348,6 +381,7 @@ def cpu_cases() -> list[Case]:
         *family_cases(rows, btc),
         GaeCase(name="gae", shape=(2048, 1024), quick=True),
         *selective_scan_cases(2, 128, 1024),
+        StateUpdateCase(name="selective-step", batch=16, d=1024, n=16, dtype=BF16, quick=True),
         *tiny_cases(),
     ]
 
@@ -381,6 +415,9 @@ def gpu_cases() -> list[Case]:
         ScanCase(name="triton-nan", shape=btc, dim=1, dtype=F32, nonfinite="nan", **triton),
         GaeCase(name="gae", shape=(4096, 8192), quick=True),
         *selective_scan_cases(8, 1024, 2048),
+        *(StateUpdateCase(name="selective-step", batch=batch, d=5120, n=16, dtype=BF16, quick=batch == 64)
+          for batch in (1, 64)),
+        StateUpdateCase(name="selective-step", batch=64, d=5120, n=64, dtype=BF16),
         *tiny_cases(),
     ]
 

@@ -328,19 +328,26 @@ struct ReverseWalk {
   }
 };
 
-// One step of the lane's state dims: h = exp(dt * A) h + dt u B; returns sum_j C_j h_j.
+// sum_j c_j h_j as a chain of multiply-adds from 0, dim by dim: a lane's four state dims in recur, and
+// every run of four in sum_outputs, so that the outputs take one order under every policy.
+template <int States>
+__device__ __forceinline__ float chain(const float (&c)[States], const float (&h)[States]) {
+  float y = 0.0f;
+  #pragma unroll
+  for (int i = 0; i < States; ++i) y = fmaf(c[i], h[i], y);
+  return y;
+}
+
+// One step of the lane's state dims: h = exp(dt * A) h + dt u B; returns sum_j C_j h_j (chain).
 template <int States>
 __device__ __forceinline__ float recur(float (&h)[States], const float (&A2)[States], float dt, float dtu,
                                        const float* B, const float* C) {
-  float b[States], c[States], y = 0.0f;
+  float b[States], c[States];
   load_floats<States>(B, b);
   load_floats<States>(C, c);
   #pragma unroll
-  for (int i = 0; i < States; ++i) {
-    h[i] = decay_from_log2(dt, A2[i]) * h[i] + dtu * b[i];
-    y += c[i] * h[i];
-  }
-  return y;
+  for (int i = 0; i < States; ++i) h[i] = fmaf(decay_from_log2(dt, A2[i]), h[i], dtu * b[i]);
+  return chain<States>(c, h);
 }
 
 // The step sizes of a lane's share: dt = softplus(delta + bias) (or delta + bias), 0 past the length,
@@ -375,7 +382,7 @@ struct __align__(16) ForwardShared {
 };
 
 // Adds up a tile's per-lane partial sums of the thread's channel per step, for the lane's share of the
-// steps, in a fixed order.
+// steps, in a fixed order: quads of lanes in turn, the two pairs of each added first.
 template <typename Policy>
 __device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, const Place<Policy>& at,
                                           float (&sums)[Policy::kShare]) {
@@ -388,6 +395,45 @@ __device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, 
       float values[4];
       load_floats<4>(&partials[at.share_offset() + i][first + 4 * quad], values);
       sums[i] += (values[0] + values[1]) + (values[2] + values[3]);
+    }
+  }
+}
+
+// What a lane leaves for its channel's output sum at a step: the chain over its four state dims
+// (recur's result), or, with one state dim a lane (Single), the state itself, which sum_outputs chains.
+template <typename Policy>
+__device__ __forceinline__ float output_term(float lane_chain, const float (&h)[Policy::kStates]) {
+  if constexpr (Policy::kStates == 1) return h[0];
+  else return lane_chain;
+}
+
+// The outputs' sums over the state dims, sum_j C_j h_j, of the lane's share of a tile's steps, in one
+// order under every policy: runs of four state dims chained (chain), the runs added as sum_share adds
+// the lanes of four dims. So a channel's outputs are the same bits whichever policy a call's plan takes
+// (the length, the batch and the GPU choose it), and a scan of T steps gives the bits of T scans of one
+// step each (selective_state_update). C: the tile's C, [step][state dim].
+template <typename Policy>
+__device__ __forceinline__ void sum_outputs(const LanePartials<Policy>& partials,
+                                            const float (&C)[Policy::kSteps][Policy::kMaxStates],
+                                            const Place<Policy>& at, float (&sums)[Policy::kShare]) {
+  if constexpr (Policy::kStates == 4) {
+    sum_share<Policy>(partials, at, sums);
+  } else {
+    static_assert(Policy::kStates == 1 && Policy::kLanes == 16, "one state dim a lane: sixteen lanes a channel");
+    const int first = at.slot * Policy::kLanes;
+    #pragma unroll
+    for (int i = 0; i < Policy::kShare; ++i) {
+      const int t = at.share_offset() + i;
+      float runs[4];
+      #pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        float h[4], c[4];
+        load_floats<4>(&partials[t][first + 4 * r], h);
+        load_floats<4>(&C[t][4 * r], c);
+        runs[r] = chain<4>(c, h);
+      }
+      sums[i] = 0.0f;
+      sums[i] += (runs[0] + runs[1]) + (runs[2] + runs[3]);
     }
   }
 }
@@ -547,17 +593,17 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
       const float y = recur<kStates>(h, A2, step.x, step.y,
                                      &shared.projections[buffer][0][t][at.state(0)],
                                      &shared.projections[buffer][1][t][at.state(0)]);
-      if constexpr (!Ends) shared.partial[t][threadIdx.x] = y;
+      if constexpr (!Ends) shared.partial[t][threadIdx.x] = output_term<Policy>(y, h);
     }
 
     if constexpr (!Ends) {
       // The output: the lanes' partial sums added up per step, by the lane whose share the step is.
       __syncwarp();
       float y[kShare];
-      sum_share<Policy>(shared.partial, at, y);
+      sum_outputs<Policy>(shared.partial, shared.projections[buffer][1], at, y);
       #pragma unroll
       for (int i = 0; i < kShare; ++i) {
-        y[i] += D * now[kU][i];
+        y[i] = fmaf(D, now[kU][i], y[i]);
         if (p.z) y[i] *= silu(now[kZ][i]);
       }
       if (at.active) store_run<kShare>(out_row, at.share_begin(t0), length, p.vectorized, y);
@@ -854,7 +900,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       for (int t = 0; t < kSteps; ++t) {
         tile_walk.before_step(ch, t0 + t, x, ignore);
         const float4 step = steps[t];
-        shared.partial[0][t][threadIdx.x] = recur<kStates>(x, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
+        const float lane_chain = recur<kStates>(x, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
+        shared.partial[0][t][threadIdx.x] = output_term<Policy>(lane_chain, x);
         float terms[kStates];
         #pragma unroll
         for (int i = 0; i < kStates; ++i) {
@@ -866,7 +913,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       __syncthreads();
       add_terms<Policy>(shared, d_C, n, t0, length, p.vectorized, store_terms);
       float y[kShare];
-      sum_share<Policy>(shared.partial[0], at, y);
+      sum_outputs<Policy>(shared.partial[0], Cs, at, y);
       __syncthreads();
 
       // The adjoint, from the tile's last step to its first.
@@ -914,7 +961,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         d_u[i] = q_sum[i] * dt + D * dy;
         const float d_dt = q_sum[i] * u + r_sum[i];
         d_delta[i] = p.delta_softplus ? d_dt * softplus_slope(now[kDelta][i] + bias) : d_dt;
-        d_z[i] = now[kOut][i] * (y[i] + D * u) * silu_slope(now[kZ][i]);
+        d_z[i] = now[kOut][i] * fmaf(D, u, y[i]) * silu_slope(now[kZ][i]);
         if (t0 + offset < length) {
           sum_D += dy * u;
           sum_delta_bias += d_delta[i];

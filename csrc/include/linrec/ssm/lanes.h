@@ -216,14 +216,16 @@ struct Channels {
         target[j * W + l] = l >= lanes ? 0.0f : M ? Row::read(*M, index) : static_cast<const float*>(A)[index];
       }
   }
-  // Lane l's element (s, first + l, j) of a (sequences, d, n) operand, 0 without one.
+  // Lane l's element (s, first + l, j) of a (sequences, d, n) operand, 0 without one or without a
+  // sequence (s = -1: a padded batch row).
   V state_of(const void* data, int64_t s, int64_t j) const {
     V v{};
-    if (data)
+    if (data && s >= 0)
       for (int l = 0; l < lanes; ++l) v[l] = static_cast<const float*>(data)[(s * p.d + first + l) * p.n + j];
     return v;
   }
   void set_state(void* data, int64_t s, int64_t j, V v) const {
+    if (s < 0) return;
     for (int l = 0; l < lanes; ++l) static_cast<float*>(data)[(s * p.d + first + l) * p.n + j] = v[l];
   }
   // State dim j's B (C) at step t: a varying one's broadcast, a fixed one's per lane.
@@ -266,8 +268,9 @@ void forward(const ForwardParams& p, int64_t b, int64_t first, int lanes, Forwar
   TileSteps flags;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kChunk, end = std::min(begin + kChunk, p.length);
-    for (int l = 0; l < lanes; ++l)
-      for (int64_t j = 0; j < n; ++j) checkpoints[((ch.row + l) * chunks + c) * n + j] = x[j * W + l];
+    if (checkpoints)
+      for (int l = 0; l < lanes; ++l)
+        for (int64_t j = 0; j < n; ++j) checkpoints[((ch.row + l) * chunks + c) * n + j] = x[j * W + l];
     for (int64_t t0 = begin; t0 < end; t0 += kTile) {
       const int steps = static_cast<int>(std::min<int64_t>(kTile, end - t0));
       gather<V, W>(u + t0, p.length, lanes, steps, buffers.u.data());

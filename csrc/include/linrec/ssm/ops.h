@@ -179,6 +179,40 @@ std::tuple<Tensor, Tensor, Tensor> forward_op(const Tensor& u, const Tensor& del
   return {out, checkpoints, last_state};
 }
 
+// A decode step: the forward of one step from each batch row's row of `state` (slots, d, n), written
+// back in place; u, delta and z (batch, d, 1), varying B and C (batch, groups, n, 1). Returns out.
+template <typename Params, void (*Launch)(const Params&, const Tensor&)>
+Tensor state_update_op(Tensor state, const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B,
+                       const Tensor& C, const OptionalTensor& D, const OptionalTensor& z,
+                       const OptionalTensor& delta_bias, bool delta_softplus, const OptionalTensor& state_indices) {
+  constexpr const char* op = "linrec.selective_state_update";
+  Shape shape;
+  Params params;
+  static_cast<ForwardParams&>(params) =
+      check_arguments(op, shape, u, delta, A, B, C, D, z, delta_bias, delta_softplus, {}, {});
+  LINREC_CHECK(shape.length == 1, op, ": u must be (batch, d, 1), one step, got shape ", shape_string(u));
+  LINREC_CHECK(state.dim() == 3, op, ": state must be (slots, d, n), got shape ", shape_string(state));
+  const int64_t slots = state.size(0);
+  const std::string state_text = dtype_string(shape.state);
+  check_tensor(op, "state", state, u, {shape.state}, state_text.c_str(), {slots, shape.d, shape.n}, "(slots, d, n)");
+  if (state_indices) {
+    check_tensor(op, "state_indices", *state_indices, u, {ScalarType::Int, ScalarType::Long}, "torch.int32 or torch.int64",
+                 {shape.batch}, "(batch,)");
+    params.sequences.state_rows = state_indices->const_data_ptr();
+    params.sequences.state_rows_int64 = state_indices->scalar_type() == ScalarType::Long;
+  } else {
+    LINREC_CHECK(slots == shape.batch, op, ": state must hold a row per batch row (", shape.batch,
+                 ") without state_indices, got shape ", shape_string(state));
+  }
+  params.sequences.count = slots;
+  params.initial = state.const_data_ptr();
+  params.last_state = state.mutable_data_ptr();
+  Tensor out = torch::stable::new_empty(u, sizes_of(u));
+  params.out = out.mutable_data_ptr();
+  Launch(params, u);
+  return out;
+}
+
 // (d_u, d_delta, d_A, d_B, d_C, d_D, d_z, d_delta_bias, d_initial); the gradients of absent optional
 // arguments are empty. d_B and d_C have the dtype of B and C.
 template <void (*Launch)(const BackwardParams&, const Tensor&)>

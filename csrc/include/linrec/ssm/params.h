@@ -43,6 +43,20 @@ struct Sequences {
   bool offsets_int64 = false;
   int64_t count = 0;                 // sequences: rows of initial and last_state
   int64_t length = 0;                // of the time dim
+  // Unpacked rows' state rows (a decode step's cache of states, selective_state_update): int32 or
+  // int64 (batch,); null: batch row b's is row b.
+  const void* state_rows = nullptr;
+  bool state_rows_int64 = false;
+
+  // The row of initial and last_state that unpacked batch row b starts from and ends in: b, or its
+  // entry of state_rows; -1 for none (a padded batch row: a negative entry, or one past the rows),
+  // which starts from zeros and whose last state is not written.
+  LINREC_HOST_DEVICE int64_t state_row(int64_t b) const {
+    if (state_rows == nullptr) return b;
+    const int64_t row = state_rows_int64 ? static_cast<const int64_t*>(state_rows)[b]
+                                         : static_cast<const int32_t*>(state_rows)[b];
+    return row >= 0 && row < count ? row : -1;
+  }
 
   // Offset s, clamped to [0, length]: the API checks the offsets' values in eager mode, and a traced
   // call's offsets must not lead the kernels out of their rows.
@@ -127,9 +141,15 @@ struct ForwardParams {
   int64_t segments = 1, segment_chunks = 0;
   void* workspace = nullptr;
   void* out = nullptr;
-  void* checkpoints = nullptr;
+  void* checkpoints = nullptr;       // null: not kept (a decode step)
   void* last_state = nullptr;        // an empty sequence's is its initial state (zeros without one)
 };
+
+// A decode step (selective_state_update): a forward of length 1 whose initial and last_state are one
+// (slots, d, n) tensor of states, updated in place (the kernels read a state before they write it, in the
+// same thread), sequences.state_rows picking each batch row's, and no checkpoints. Its own type so
+// that the GPU plans and launches it as a step (ssm/step_kernels.cuh).
+struct StateUpdateParams : ForwardParams {};
 
 // The backward's inputs are the forward's, its upstream gradients and checkpoints. Outputs: d_u,
 // d_delta and d_z per element; the gradients of the shared operands as partial sums that the op

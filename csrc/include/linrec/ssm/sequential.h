@@ -58,7 +58,10 @@ struct Row {
   S A(int64_t j) const { return static_cast<const S*>(p.A)[k * p.n + j]; }
   // Element (s, k, j) of a (sequences, d, n) tensor.
   int64_t state_index(int64_t s, int64_t j) const { return (s * p.d + k) * p.n + j; }
-  S initial(int64_t s, int64_t j) const { return p.initial ? static_cast<const S*>(p.initial)[state_index(s, j)] : S(0); }
+  // Of sequence s, none (-1: a padded batch row) reading zeros.
+  S initial(int64_t s, int64_t j) const {
+    return p.initial && s >= 0 ? static_cast<const S*>(p.initial)[state_index(s, j)] : S(0);
+  }
 };
 
 // The steps a chunk holds at most in a call of `length` steps.
@@ -69,7 +72,7 @@ inline int64_t chunk_capacity(int64_t length) { return std::min(kChunk, length);
 inline void sequences_of_steps(const ForwardParams& p, int64_t b, int64_t begin, int64_t count, int64_t* sequence,
                                uint8_t* starts, uint8_t* ends) {
   const Sequences& q = p.sequences;
-  int64_t s = q.packed() ? q.sequence_at(begin) : b;
+  int64_t s = q.packed() ? q.sequence_at(begin) : q.state_row(b);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t t = begin + i;
     if (q.packed()) {
@@ -123,14 +126,15 @@ void decays_of(const real_t<S>* dt, S A, int64_t count, S* decays) {
   } else {
     using V = typename cpu::Vector<S, 16>::Values;
     constexpr int kLanes = cpu::Vector<S, 16>::kLanes;
-    int64_t i = 0;
-    for (; i + kLanes <= count; i += kLanes) {
-      V x;
-      std::memcpy(&x, dt + i, sizeof(V));
+    // The last steps too in a vector (padded), so that a step's decay does not depend on its place in the
+    // chunk: a scan of T steps and T scans of one step (selective_state_update) take the same bits.
+    for (int64_t i = 0; i < count; i += kLanes) {
+      const int64_t lanes = std::min<int64_t>(kLanes, count - i);
+      V x{};
+      std::memcpy(&x, dt + i, lanes * sizeof(S));
       x = cpu::exp(x * A);
-      std::memcpy(decays + i, &x, sizeof(V));
+      std::memcpy(decays + i, &x, lanes * sizeof(S));
     }
-    for (; i < count; ++i) decays[i] = decay(dt[i], A);
   }
 }
 
@@ -190,11 +194,11 @@ void forward_row(const ForwardParams& p, int64_t b, int64_t k, ForwardBuffers<T,
   const int64_t n = p.n, capacity = buffers.steps.capacity;
   auto& [steps, carried, decays, states, sums] = buffers;
   std::fill(carried.begin(), carried.end(), S(0));
-  S* checkpoints = static_cast<S*>(p.checkpoints) + r.row * chunks_of(p.length) * n;
+  S* checkpoints = p.checkpoints ? static_cast<S*>(p.checkpoints) + r.row * chunks_of(p.length) * n : nullptr;
   S* last_state = static_cast<S*>(p.last_state);
   const R D = r.per_channel(p.D);
   for (int64_t begin = 0; begin < p.length; begin += kChunk) {
-    std::copy(carried.begin(), carried.end(), checkpoints + begin / kChunk * n);
+    if (checkpoints) std::copy(carried.begin(), carried.end(), checkpoints + begin / kChunk * n);
     steps.load(r, begin, std::min(begin + kChunk, p.length));
     scan_chunk(r, steps, carried.data(), decays.data(), states.data());
     std::fill(sums.begin(), sums.begin() + steps.count, S(0));
@@ -202,7 +206,7 @@ void forward_row(const ForwardParams& p, int64_t b, int64_t k, ForwardBuffers<T,
       const S* x = states.data() + j * capacity;
       for (int64_t i = 0; i < steps.count; ++i) {
         sums[i] += r.C(j, begin + i) * x[i];
-        if (steps.ends[i]) last_state[r.state_index(steps.sequence[i], j)] = x[i];
+        if (steps.ends[i] && steps.sequence[i] >= 0) last_state[r.state_index(steps.sequence[i], j)] = x[i];
       }
     }
     for (int64_t i = 0; i < steps.count; ++i) {

@@ -1,0 +1,119 @@
+// The selective scan's decode step on the GPU (selective_state_update): one step of every (batch row,
+// channel) from its row of a cache of states, the new state written back in place.
+//
+// A real float32 state with n <= 64 takes the lane kernels' arithmetic (ssm/lane_kernels.cuh), so that T
+// steps give the bits of one scan of T steps: four state dims a lane (recur: the same decay, multiply-adds
+// and chain), four lanes a channel up to n = 16 and sixteen up to 64, the lanes' chains added in
+// sum_share's order, then D and the gate as the scan adds them. Any other state (n > 64, float64,
+// complex) takes a warp a channel, its lanes striding over the state dims.
+#pragma once
+
+#include <cstdint>
+
+#include "linrec/ssm/device_step.cuh"
+#include "linrec/ssm/lane_kernels.cuh"
+#include "linrec/ssm/params.h"
+#include "linrec/ssm/step.h"
+
+namespace linrec::ssm::step {
+
+constexpr int kThreads = 128;
+
+// The per-step operands of channel k of batch row b: its step size (softplus of delta + bias where
+// asked) and u, as the scan forms them (share_step_sizes, Channel::step_sizes).
+template <typename T, typename R>
+struct StepOperands {
+  R u, dt, dtu;
+  __device__ __forceinline__ StepOperands(const ForwardParams& p, int64_t row, R bias)
+      : u(static_cast<R>(static_cast<const T*>(p.u)[row])),
+        dt(step_size(static_cast<R>(static_cast<const T*>(p.delta)[row]), bias, p.delta_softplus)),
+        dtu(dt * u) {}
+};
+
+// The output from the sum over the state dims, as the scan adds D's term and the gate.
+template <typename T, typename R>
+__device__ __forceinline__ void write_output(const ForwardParams& p, int64_t row, R y, R u) {
+  const R D = p.D ? static_cast<const R*>(p.D)[row % p.d] : R(0);
+  if constexpr (std::is_same_v<R, float>) y = fmaf(D, u, y);
+  else y += D * u;
+  if (p.z) y *= silu(static_cast<R>(static_cast<const T*>(p.z)[row]));
+  static_cast<T*>(p.out)[row] = static_cast<T>(y);
+}
+
+template <typename W>
+__device__ __forceinline__ float projection_value(const Projection& M, int64_t index) {
+  return M.varying && !M.wide ? static_cast<float>(static_cast<const W*>(M.data)[index])
+                              : static_cast<const float*>(M.data)[index];
+}
+
+// Lanes lanes a channel, four state dims a lane: the lane kernels' Narrow policy for n <= 4 * Lanes.
+template <typename T, typename W, int Lanes>
+__global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdateParams p) {
+  using Policy = lanes::Policy<Lanes, 4>;
+  constexpr int kChannels = kThreads / Lanes;
+  const int lane = threadIdx.x % Lanes;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kChannels + threadIdx.x / Lanes;  // b * d + k
+  const bool active = row < p.batch * p.d;
+  const int64_t b = active ? row / p.d : 0, k = active ? row % p.d : 0, n = p.n;
+  const int64_t s = active ? p.sequences.state_row(b) : -1;
+  float* state = static_cast<float*>(p.last_state) + (s * p.d + k) * n;
+  float h[4], A2[4];
+  alignas(16) float B[4], C[4];  // recur reads them as 16-byte vectors
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t j = lane * 4 + i;
+    const bool present = active && j < n;
+    h[i] = present && s >= 0 ? state[j] : 0.0f;
+    A2[i] = scaled_log2(present ? static_cast<const float*>(p.A)[k * n + j] : 0.0f);
+    B[i] = present ? projection_value<W>(p.B, p.B.offset(b, k, j, p.d, n, 1)) : 0.0f;
+    C[i] = present ? projection_value<W>(p.C, p.C.offset(b, k, j, p.d, n, 1)) : 0.0f;
+  }
+  const StepOperands<T, float> step(p, active ? row : 0, active && p.delta_bias ? static_cast<const float*>(p.delta_bias)[k] : 0.0f);
+  const float lane_chain = lanes::recur<4>(h, A2, step.dt, step.dtu, B, C);
+  if (active && s >= 0) {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (lane * 4 + i < n) state[lane * 4 + i] = h[i];
+  }
+  // The channel's lanes' chains, added as sum_share adds them.
+  float chains[Lanes];
+  const int first = threadIdx.x % 32 - lane;
+  #pragma unroll
+  for (int l = 0; l < Lanes; ++l) chains[l] = __shfl_sync(0xffffffffu, lane_chain, first + l);
+  float sum = 0.0f;
+  #pragma unroll
+  for (int quad = 0; quad < Lanes / 4; ++quad)
+    sum += (chains[4 * quad] + chains[4 * quad + 1]) + (chains[4 * quad + 2] + chains[4 * quad + 3]);
+  static_assert(Policy::kMaxStates == 4 * Lanes, "four state dims a lane");
+  if (active && lane == 0) write_output<T, float>(p, row, sum, step.u);
+}
+
+// A warp a channel, lane l taking state dims l, l + 32, ...: any state type and n.
+template <typename T, typename W, typename S>
+__global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdateParams p) {
+  using R = real_t<S>;
+  constexpr int kChannels = kThreads / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kChannels + threadIdx.x / 32;
+  if (row >= p.batch * p.d) return;  // the whole warp
+  const int64_t b = row / p.d, k = row % p.d, n = p.n, s = p.sequences.state_row(b);
+  S* state = static_cast<S*>(p.last_state) + (s * p.d + k) * n;
+  const StepOperands<T, R> step(p, row, p.delta_bias ? static_cast<const R*>(p.delta_bias)[k] : R(0));
+  const auto read = [&](const Projection& M, int64_t j) {
+    const int64_t index = M.offset(b, k, j, p.d, n, 1);
+    if constexpr (is_complex<S>::value) return static_cast<const S*>(M.data)[index];
+    else return M.varying && !M.wide ? static_cast<S>(static_cast<const W*>(M.data)[index]) : static_cast<const S*>(M.data)[index];
+  };
+  S sum{};
+  for (int64_t j = lane; j < n; j += 32) {
+    const S before = s >= 0 ? state[j] : S{};
+    const S after = decay_from_log2(step.dt, scaled_log2(static_cast<const S*>(p.A)[k * n + j])) * before +
+                    step.dtu * read(p.B, j);
+    if (s >= 0) state[j] = after;
+    sum += read(p.C, j) * after;
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) write_output<T, R>(p, row, readout(sum), step.u);
+}
+
+}  // namespace linrec::ssm::step
