@@ -785,3 +785,57 @@ def test_deterministic_mode_matches_the_loop(device, seed):
         arguments, options = make_arguments(device, torch.float32, complex_A, "grouped", "grouped", length=600,
                                             batch=1, n=n, groups=2)
         check_against_loop(arguments, options)
+
+
+@pytest.mark.parametrize("empty", ["batch", "d", "n", "length"])
+def test_deterministic_mode_with_an_empty_dim(device, seed, empty):
+    """Under torch.use_deterministic_algorithms(True), a call with an empty batch, channel, state or time dim:
+    the loop's results and gradients (zeros, or the initial state's), no launch of zero blocks."""
+    sizes = dict(batch=2, d=4, n=3, length=5) | {empty: 0}
+    torch.use_deterministic_algorithms(True)
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", groups=1, **sizes)
+    arguments["initial"] = random_values((sizes["batch"], sizes["d"], sizes["n"]), torch.float32, device)
+    check_against_loop(arguments, options)
+
+
+def test_state_dim_beyond_shared_memory(device, seed):
+    """A state dim whose backward's block needs more shared memory than the GPU has: a ValueError naming n and
+    the largest n this call takes, before any launch (the forward, which needs less, runs)."""
+    if device != "cuda":
+        pytest.skip("the CPU has no shared-memory limit")
+    arguments, options = make_arguments(device, torch.float32, False, "fixed", "fixed", length=7, batch=1, d=2,
+                                        n=1 << 14)
+    leaves = {name: tensor.requires_grad_() for name, tensor in arguments.items() if tensor is not None}
+    out = linrec.selective_scan(**leaves, **options)
+    with pytest.raises(ValueError, match=r"the state dim n = 16384 needs \d+ bytes of shared memory per block, more "
+                                         r"than this GPU's \d+: this call takes n <= \d+ here"):
+        torch.autograd.grad(out.sum(), list(leaves.values()))
+
+
+@pytest.mark.parametrize("name", ["u", "delta", "B", "C", "z", "D", "delta_bias", "initial"])
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), float("nan")], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize("delta_softplus", [True, False], ids=["softplus", "plain"])
+def test_odd_values_in_the_lane_kernels(device, seed, name, value, delta_softplus):
+    """An infinite or NaN value in one argument of a float32 call with B and C varying (the GPU's lane kernels):
+    outputs and last state infinite and NaN where the float64 loop's are, with its signs, the rest close."""
+    arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=40, batch=1, d=4,
+                                        n=3, groups=2, delta_softplus=delta_softplus)
+    arguments["initial"] = random_values((1, 4, 3), torch.float32, device)
+    target = arguments[name]
+    if target.dim() == 1:
+        target[1] = value
+    elif name in ("B", "C"):
+        target[0, 1, 2, 7] = value
+    elif name == "initial":
+        target[0, 1, 2] = value
+    else:
+        target[0, 1, 7] = value
+    out, state = linrec.selective_scan(**arguments, **options, return_last_state=True)
+    expected_out, expected_state = loop_reference(**{key: wide(tensor) for key, tensor in arguments.items()}, **options)
+    for what, actual, expected in (("out", out, expected_out), ("last state", state, expected_state)):
+        actual = actual.cpu().double()
+        for kind in (torch.isnan, lambda t: t == float("inf"), lambda t: t == -float("inf")):
+            assert torch.equal(kind(actual), kind(expected)), f"{what}: non-finite values differ from the loop's"
+        finite = torch.isfinite(expected)
+        if finite.any():
+            assert_matches(actual[finite], expected[finite], torch.float32, what)

@@ -36,17 +36,23 @@ void dispatch_types(const ssm::ForwardParams& params, Body&& body) {
   });
 }
 
-// Raises `kernel`'s dynamic shared memory limit where it asks for more than the default 48 KB.
+// Raises `kernel`'s dynamic shared memory limit where it asks for more than the default 48 KB, after
+// checking that the block's shared memory, the kernel's static arrays with `shared_bytes` (a multiple of
+// the state dim n), fits this GPU's limit: else an error naming the largest n that fits.
 template <typename Kernel>
 void allow_shared(Kernel kernel, int64_t shared_bytes, int64_t n) {
   if (shared_bytes <= 48 * 1024) return;
   int device = 0, limit = 0;
   LINREC_CUDA_CHECK(cudaGetDevice(&device));
   LINREC_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (shared_bytes > limit)
+  cudaFuncAttributes attributes{};
+  LINREC_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const int64_t available = limit - static_cast<int64_t>(attributes.sharedSizeBytes);
+  if (shared_bytes > available)
     throw std::invalid_argument("linrec: selective_scan: the state dim n = " + std::to_string(n) + " needs " +
-                                std::to_string(shared_bytes) + " bytes of shared memory per block, more than this GPU's " +
-                                std::to_string(limit));
+                                std::to_string(shared_bytes + attributes.sharedSizeBytes) +
+                                " bytes of shared memory per block, more than this GPU's " + std::to_string(limit) +
+                                ": this call takes n <= " + std::to_string(available / (shared_bytes / n)) + " here");
   LINREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
 }
 
@@ -237,13 +243,14 @@ void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream
       launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, false>, split, plan.segments, kShared,
                            stream);
     });
-    if (plan.segments > 1) {
+    // The sums' kernels only where they have sums: a launch of zero blocks is an error.
+    if (plan.segments > 1 && params.batch * params.d > 0) {
       const int64_t sums = params.batch * params.d * (params.n + 2);
       const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((sums + 255) / 256, 65535));
       ssm::lanes::sum_segments<<<blocks, 256, 0, stream>>>(split);
       LINREC_CUDA_CHECK(cudaGetLastError());
     }
-    if (plan.channel_blocks > 0) {
+    if (plan.channel_blocks > 0 && ssm::lanes::BackwardWorkspace::projection_floats(params) > 0) {
       const int64_t sums = 2 * ssm::lanes::BackwardWorkspace::projection_floats(params);
       const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((sums + 255) / 256, 65535));
       ssm::lanes::sum_channel_blocks<<<blocks, 256, 0, stream>>>(split);
