@@ -56,24 +56,43 @@ __global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdatePa
   const bool active = row < p.batch * p.d;
   const int64_t b = active ? row / p.d : 0, k = active ? row % p.d : 0, n = p.n;
   const int64_t s = active ? p.sequences.state_row(b) : -1;
-  float* state = static_cast<float*>(p.last_state) + (s * p.d + k) * n;
+  const int valid = active ? lanes::valid_dims(n, lane * 4, 4) : 0;
+  // The lane's four state dims: one 16-byte access where they all lie below n and their state and A
+  // start 16-byte aligned (n a multiple of 4), else one at a time.
+  float* state = static_cast<float*>(p.last_state) + (s * p.d + k) * n + lane * 4;
+  const float* A = static_cast<const float*>(p.A) + k * n + lane * 4;
+  const bool vector = valid == 4 && (reinterpret_cast<uintptr_t>(state) | reinterpret_cast<uintptr_t>(A)) % 16 == 0;
   float h[4], A2[4];
   alignas(16) float B[4], C[4];  // recur reads them as 16-byte vectors
+  if (vector) {
+    const float4 a = *reinterpret_cast<const float4*>(A);
+    A2[0] = a.x, A2[1] = a.y, A2[2] = a.z, A2[3] = a.w;
+    const float4 x = s >= 0 ? *reinterpret_cast<const float4*>(state) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    h[0] = x.x, h[1] = x.y, h[2] = x.z, h[3] = x.w;
+  } else {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      A2[i] = i < valid ? A[i] : 0.0f;
+      h[i] = i < valid && s >= 0 ? state[i] : 0.0f;
+    }
+  }
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t j = lane * 4 + i;
-    const bool present = active && j < n;
-    h[i] = present && s >= 0 ? state[j] : 0.0f;
-    A2[i] = scaled_log2(present ? static_cast<const float*>(p.A)[k * n + j] : 0.0f);
-    B[i] = present ? projection_value<W>(p.B, p.B.offset(b, k, j, p.d, n, 1)) : 0.0f;
-    C[i] = present ? projection_value<W>(p.C, p.C.offset(b, k, j, p.d, n, 1)) : 0.0f;
+    A2[i] = scaled_log2(A2[i]);
+    B[i] = i < valid ? projection_value<W>(p.B, p.B.offset(b, k, j, p.d, n, 1)) : 0.0f;
+    C[i] = i < valid ? projection_value<W>(p.C, p.C.offset(b, k, j, p.d, n, 1)) : 0.0f;
   }
   const StepOperands<T, float> step(p, active ? row : 0, active && p.delta_bias ? static_cast<const float*>(p.delta_bias)[k] : 0.0f);
-  const float lane_chain = lanes::recur<4>(h, A2, step.dt, step.dtu, B, C);
-  if (active && s >= 0) {
-    #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (lane * 4 + i < n) state[lane * 4 + i] = h[i];
+  const float lane_chain = lanes::recur<4>(h, A2, step.dt, step.dtu, B, C, valid);
+  if (s >= 0) {
+    if (vector) {
+      *reinterpret_cast<float4*>(state) = make_float4(h[0], h[1], h[2], h[3]);
+    } else {
+      #pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (i < valid) state[i] = h[i];
+    }
   }
   // The channel's lanes' chains, added as sum_share adds them.
   float chains[Lanes];
@@ -88,11 +107,13 @@ __global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdatePa
   if (active && lane == 0) write_output<T, float>(p, row, sum, step.u);
 }
 
-// A warp a channel, lane l taking state dims l, l + 32, ...: any state type and n.
+// A warp a channel, lane l taking state dims l, l + 32, ...: any state type and n. The state dims go in
+// tiles of kTile a lane, each tile's loads issued before its stores (which the compiler cannot move a
+// load past), so that a warp keeps a tile's bytes in flight.
 template <typename T, typename W, typename S>
 __global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdateParams p) {
   using R = real_t<S>;
-  constexpr int kChannels = kThreads / 32;
+  constexpr int kChannels = kThreads / 32, kTile = 4;
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kChannels + threadIdx.x / 32;
   if (row >= p.batch * p.d) return;  // the whole warp
@@ -105,12 +126,25 @@ __global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdatePa
     else return M.varying && !M.wide ? static_cast<S>(static_cast<const W*>(M.data)[index]) : static_cast<const S*>(M.data)[index];
   };
   S sum{};
-  for (int64_t j = lane; j < n; j += 32) {
-    const S before = s >= 0 ? state[j] : S{};
-    const S after = decay_from_log2(step.dt, scaled_log2(static_cast<const S*>(p.A)[k * n + j])) * before +
-                    step.dtu * read(p.B, j);
-    if (s >= 0) state[j] = after;
-    sum += read(p.C, j) * after;
+  for (int64_t first = lane; first < n; first += 32 * kTile) {
+    S before[kTile], A[kTile], B[kTile], C[kTile];
+    #pragma unroll
+    for (int i = 0; i < kTile; ++i) {
+      const int64_t j = first + 32 * i;
+      const bool present = j < n;
+      before[i] = present && s >= 0 ? state[j] : S{};
+      A[i] = present ? static_cast<const S*>(p.A)[k * n + j] : S{};
+      B[i] = present ? read(p.B, j) : S{};
+      C[i] = present ? read(p.C, j) : S{};
+    }
+    #pragma unroll
+    for (int i = 0; i < kTile; ++i) {
+      const int64_t j = first + 32 * i;
+      if (j >= n) continue;
+      const S after = decay_from_log2(step.dt, scaled_log2(A[i])) * before[i] + step.dtu * B[i];
+      if (s >= 0) state[j] = after;
+      sum += C[i] * after;
+    }
   }
   sum = warp_sum(sum);
   if (lane == 0) write_output<T, R>(p, row, readout(sum), step.u);
