@@ -328,35 +328,26 @@ struct ReverseWalk {
   }
 };
 
-// sum_j c_j h_j over the first `valid` of States state dims (those below n), as a chain of multiply-adds
-// from 0, dim by dim: a lane's four state dims in recur, and every run of four in sum_outputs, so that the
-// outputs take one order under every policy. The dims past n are left out rather than added as 0 * h:
-// an infinite step (dt or dt u) makes their h NaN (inf * 0), which the recurrence does not have.
+// sum_j c_j h_j as a chain of multiply-adds from 0, dim by dim: a lane's four state dims in recur, and
+// every run of four in sum_outputs, so that the outputs take one order under every policy.
 template <int States>
-__device__ __forceinline__ float chain(const float (&c)[States], const float (&h)[States], int valid) {
+__device__ __forceinline__ float chain(const float (&c)[States], const float (&h)[States]) {
   float y = 0.0f;
   #pragma unroll
-  for (int i = 0; i < States; ++i) y = i < valid ? fmaf(c[i], h[i], y) : y;
+  for (int i = 0; i < States; ++i) y = fmaf(c[i], h[i], y);
   return y;
 }
 
-// The state dims of a run of States starting at state dim `first` that lie below n.
-__device__ __forceinline__ int valid_dims(int64_t n, int64_t first, int States) {
-  const int64_t valid = n - first;
-  return valid < 0 ? 0 : valid > States ? States : static_cast<int>(valid);
-}
-
-// One step of the lane's state dims: h = exp(dt * A) h + dt u B; returns sum_j C_j h_j over the `valid`
-// ones (chain).
+// One step of the lane's state dims: h = exp(dt * A) h + dt u B; returns sum_j C_j h_j (chain).
 template <int States>
 __device__ __forceinline__ float recur(float (&h)[States], const float (&A2)[States], float dt, float dtu,
-                                       const float* B, const float* C, int valid) {
+                                       const float* B, const float* C) {
   float b[States], c[States];
   load_floats<States>(B, b);
   load_floats<States>(C, c);
   #pragma unroll
   for (int i = 0; i < States; ++i) h[i] = fmaf(decay_from_log2(dt, A2[i]), h[i], dtu * b[i]);
-  return chain<States>(c, h, valid);
+  return chain<States>(c, h);
 }
 
 // The step sizes of a lane's share: dt = softplus(delta + bias) (or delta + bias), 0 past the length,
@@ -424,7 +415,7 @@ __device__ __forceinline__ float output_term(float lane_chain, const float (&h)[
 template <typename Policy>
 __device__ __forceinline__ void sum_outputs(const LanePartials<Policy>& partials,
                                             const float (&C)[Policy::kSteps][Policy::kMaxStates],
-                                            const Place<Policy>& at, int64_t n, float (&sums)[Policy::kShare]) {
+                                            const Place<Policy>& at, float (&sums)[Policy::kShare]) {
   if constexpr (Policy::kStates == 4) {
     sum_share<Policy>(partials, at, sums);
   } else {
@@ -439,7 +430,7 @@ __device__ __forceinline__ void sum_outputs(const LanePartials<Policy>& partials
         float h[4], c[4];
         load_floats<4>(&partials[t][first + 4 * r], h);
         load_floats<4>(&C[t][4 * r], c);
-        runs[r] = chain<4>(c, h, valid_dims(n, 4 * r, 4));
+        runs[r] = chain<4>(c, h);
       }
       sums[i] = 0.0f;
       sums[i] += (runs[0] + runs[1]) + (runs[2] + runs[3]);
@@ -533,7 +524,6 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
   ch.read_A(A2);
   #pragma unroll
   for (int i = 0; i < kStates; ++i) A2[i] = scaled_log2(A2[i]);
-  const int valid = valid_dims(n, at.state(0), kStates);
   const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
   if (!Ends && segment.index == 0) ch.copy_empty_sequences(p.initial, p.last_state);
   ForwardWalk<Packed> walk(ch, segment.begin);
@@ -602,7 +592,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
       const float2 step = shared.steps[buffer][at.slot][t];
       const float y = recur<kStates>(h, A2, step.x, step.y,
                                      &shared.projections[buffer][0][t][at.state(0)],
-                                     &shared.projections[buffer][1][t][at.state(0)], valid);
+                                     &shared.projections[buffer][1][t][at.state(0)]);
       if constexpr (!Ends) shared.partial[t][threadIdx.x] = output_term<Policy>(y, h);
     }
 
@@ -610,7 +600,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
       // The output: the lanes' partial sums added up per step, by the lane whose share the step is.
       __syncwarp();
       float y[kShare];
-      sum_outputs<Policy>(shared.partial, shared.projections[buffer][1], at, n, y);
+      sum_outputs<Policy>(shared.partial, shared.projections[buffer][1], at, y);
       #pragma unroll
       for (int i = 0; i < kShare; ++i) {
         y[i] = fmaf(D, now[kU][i], y[i]);
@@ -786,7 +776,6 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   ch.read_A(A);
   #pragma unroll
   for (int i = 0; i < kStates; ++i) A2[i] = scaled_log2(A[i]);
-  const int valid = valid_dims(n, at.state(0), kStates);
   const float bias = ch.per_channel(p.delta_bias), D = ch.per_channel(p.D);
   if (!Ends && segment.index == 0) ch.copy_empty_sequences(p.d_last_state, p.d_initial);
 
@@ -899,7 +888,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       for (int t = 0; t < kSteps; ++t) {
         walk.before_step(ch, t0 + t, h, ignore);
         const float4 step = steps[t];
-        recur<kStates>(h, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)], valid);
+        recur<kStates>(h, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
       }
     } else {
       // The tile's states again, in registers, with the ungated output's per-lane terms and C's gradient.
@@ -911,7 +900,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       for (int t = 0; t < kSteps; ++t) {
         tile_walk.before_step(ch, t0 + t, x, ignore);
         const float4 step = steps[t];
-        const float lane_chain = recur<kStates>(x, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)], valid);
+        const float lane_chain = recur<kStates>(x, A2, step.x, step.y, &Bs[t][at.state(0)], &Cs[t][at.state(0)]);
         shared.partial[0][t][threadIdx.x] = output_term<Policy>(lane_chain, x);
         float terms[kStates];
         #pragma unroll
@@ -924,7 +913,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       __syncthreads();
       add_terms<Policy>(shared, d_C, n, t0, length, p.vectorized, store_terms);
       float y[kShare];
-      sum_outputs<Policy>(shared.partial[0], Cs, at, n, y);
+      sum_outputs<Policy>(shared.partial[0], Cs, at, y);
       __syncthreads();
 
       // The adjoint, from the tile's last step to its first.
@@ -950,10 +939,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
           const float g = dy * c[i] + carried[i];   // the adjoint of the state after the step
           const float g_decayed = g * a * prior[i];  // d / d(dt A) of the step
           d_A[i] += g_decayed * dt;
-          if (i < valid) {  // the dims past n add nothing (their g may be inf * 0)
-            r_step += g_decayed * A[i];
-            q_step += g * b[i];
-          }
+          r_step += g_decayed * A[i];
+          q_step += g * b[i];
           terms[i] = at.active ? g * dtu : 0.0f;
           carried[i] = a * g;
         }

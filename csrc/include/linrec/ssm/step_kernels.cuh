@@ -19,6 +19,12 @@ namespace linrec::ssm::step {
 
 constexpr int kThreads = 128;
 
+// The state dims of a lane's four, from state dim `first`, that lie below n.
+__device__ __forceinline__ int valid_dims(int64_t n, int64_t first) {
+  const int64_t valid = n - first;
+  return valid < 0 ? 0 : valid > 4 ? 4 : static_cast<int>(valid);
+}
+
 // The per-step operands of channel k of batch row b: its step size (softplus of delta + bias where
 // asked) and u, as the scan forms them (share_step_sizes, Channel::step_sizes).
 template <typename T, typename R>
@@ -32,8 +38,8 @@ struct StepOperands {
 
 // The output from the sum over the state dims, as the scan adds D's term and the gate.
 template <typename T, typename R>
-__device__ __forceinline__ void write_output(const ForwardParams& p, int64_t row, R y, R u) {
-  const R D = p.D ? static_cast<const R*>(p.D)[row % p.d] : R(0);
+__device__ __forceinline__ void write_output(const ForwardParams& p, int64_t row, int64_t k, R y, R u) {
+  const R D = p.D ? static_cast<const R*>(p.D)[k] : R(0);
   if constexpr (std::is_same_v<R, float>) y = fmaf(D, u, y);
   else y += D * u;
   if (p.z) y *= silu(static_cast<R>(static_cast<const T*>(p.z)[row]));
@@ -56,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdatePa
   const bool active = row < p.batch * p.d;
   const int64_t b = active ? row / p.d : 0, k = active ? row % p.d : 0, n = p.n;
   const int64_t s = active ? p.sequences.state_row(b) : -1;
-  const int valid = active ? lanes::valid_dims(n, lane * 4, 4) : 0;
+  const int valid = active ? valid_dims(n, lane * 4) : 0;
   // The lane's four state dims: one 16-byte access where they all lie below n and their state and A
   // start 16-byte aligned (n a multiple of 4), else one at a time.
   float* state = static_cast<float*>(p.last_state) + (s * p.d + k) * n + lane * 4;
@@ -76,15 +82,16 @@ __global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdatePa
       h[i] = i < valid && s >= 0 ? state[i] : 0.0f;
     }
   }
+  // B's and C's state dims follow each other (a step's varying ones, and fixed ones): one offset each.
+  const int64_t B_first = p.B.offset(b, k, lane * 4, p.d, n, 1), C_first = p.C.offset(b, k, lane * 4, p.d, n, 1);
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int64_t j = lane * 4 + i;
     A2[i] = scaled_log2(A2[i]);
-    B[i] = i < valid ? projection_value<W>(p.B, p.B.offset(b, k, j, p.d, n, 1)) : 0.0f;
-    C[i] = i < valid ? projection_value<W>(p.C, p.C.offset(b, k, j, p.d, n, 1)) : 0.0f;
+    B[i] = i < valid ? projection_value<W>(p.B, B_first + i) : 0.0f;
+    C[i] = i < valid ? projection_value<W>(p.C, C_first + i) : 0.0f;
   }
   const StepOperands<T, float> step(p, active ? row : 0, active && p.delta_bias ? static_cast<const float*>(p.delta_bias)[k] : 0.0f);
-  const float lane_chain = lanes::recur<4>(h, A2, step.dt, step.dtu, B, C, valid);
+  const float lane_chain = lanes::recur<4>(h, A2, step.dt, step.dtu, B, C);
   if (s >= 0) {
     if (vector) {
       *reinterpret_cast<float4*>(state) = make_float4(h[0], h[1], h[2], h[3]);
@@ -104,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdatePa
   for (int quad = 0; quad < Lanes / 4; ++quad)
     sum += (chains[4 * quad] + chains[4 * quad + 1]) + (chains[4 * quad + 2] + chains[4 * quad + 3]);
   static_assert(Policy::kMaxStates == 4 * Lanes, "four state dims a lane");
-  if (active && lane == 0) write_output<T, float>(p, row, sum, step.u);
+  if (active && lane == 0) write_output<T, float>(p, row, k, sum, step.u);
 }
 
 // A warp a channel, lane l taking state dims l, l + 32, ...: any state type and n. The state dims go in
@@ -120,8 +127,9 @@ __global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdatePa
   const int64_t b = row / p.d, k = row % p.d, n = p.n, s = p.sequences.state_row(b);
   S* state = static_cast<S*>(p.last_state) + (s * p.d + k) * n;
   const StepOperands<T, R> step(p, row, p.delta_bias ? static_cast<const R*>(p.delta_bias)[k] : R(0));
-  const auto read = [&](const Projection& M, int64_t j) {
-    const int64_t index = M.offset(b, k, j, p.d, n, 1);
+  // B's and C's state dims follow each other (a step's varying ones, and fixed ones): one offset each.
+  const int64_t B_first = p.B.offset(b, k, 0, p.d, n, 1), C_first = p.C.offset(b, k, 0, p.d, n, 1);
+  const auto read = [&](const Projection& M, int64_t index) {
     if constexpr (is_complex<S>::value) return static_cast<const S*>(M.data)[index];
     else return M.varying && !M.wide ? static_cast<S>(static_cast<const W*>(M.data)[index]) : static_cast<const S*>(M.data)[index];
   };
@@ -134,8 +142,8 @@ __global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdatePa
       const bool present = j < n;
       before[i] = present && s >= 0 ? state[j] : S{};
       A[i] = present ? static_cast<const S*>(p.A)[k * n + j] : S{};
-      B[i] = present ? read(p.B, j) : S{};
-      C[i] = present ? read(p.C, j) : S{};
+      B[i] = present ? read(p.B, B_first + j) : S{};
+      C[i] = present ? read(p.C, C_first + j) : S{};
     }
     #pragma unroll
     for (int i = 0; i < kTile; ++i) {
@@ -147,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdatePa
     }
   }
   sum = warp_sum(sum);
-  if (lane == 0) write_output<T, R>(p, row, readout(sum), step.u);
+  if (lane == 0) write_output<T, R>(p, row, k, readout(sum), step.u);
 }
 
 }  // namespace linrec::ssm::step
