@@ -126,14 +126,20 @@ void decays_of(const real_t<S>* dt, S A, int64_t count, S* decays) {
   } else {
     using V = typename cpu::Vector<S, 16>::Values;
     constexpr int kLanes = cpu::Vector<S, 16>::kLanes;
+    int64_t i = 0;
+    for (; i + kLanes <= count; i += kLanes) {
+      V x;
+      std::memcpy(&x, dt + i, sizeof(V));
+      x = cpu::exp(x * A);
+      std::memcpy(decays + i, &x, sizeof(V));
+    }
     // The last steps too in a vector (padded), so that a step's decay does not depend on its place in the
     // chunk: a scan of T steps and T scans of one step (selective_state_update) take the same bits.
-    for (int64_t i = 0; i < count; i += kLanes) {
-      const int64_t lanes = std::min<int64_t>(kLanes, count - i);
+    if (i < count) {
       V x{};
-      std::memcpy(&x, dt + i, lanes * sizeof(S));
+      std::memcpy(&x, dt + i, (count - i) * sizeof(S));
       x = cpu::exp(x * A);
-      std::memcpy(decays + i, &x, lanes * sizeof(S));
+      std::memcpy(decays + i, &x, (count - i) * sizeof(S));
     }
   }
 }
