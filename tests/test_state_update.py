@@ -246,6 +246,7 @@ BAD = [
     (dict(state_batch_indices=torch.tensor([0, 2])), ValueError, r"must be below state's 2 rows"),
     (dict(state_batch_indices=torch.tensor([1, 1])), ValueError, r"must be distinct"),
     (dict(state=torch.zeros(2, 6, 4, dtype=torch.complex64)), TypeError, r"state is complex"),
+    (dict(A=torch.complex(-torch.rand(6, 4), torch.rand(6, 4))), TypeError, r"A is complex .* state must be complex"),
     (dict(dt_softplus=1), TypeError, r"dt_softplus"),
 ]
 

@@ -163,6 +163,8 @@ def _check(state, x, dt, A, B, C, D, z, dt_bias, indices) -> tuple[int, int, int
             check_dtype(_OP, name, tensor, REAL_DTYPES + complex_types, "a real or complex floating-point tensor")
         else:
             check_dtype(_OP, name, tensor, REAL_DTYPES, "a real floating-point tensor")
+    if A.is_complex() and not state.is_complex():
+        raise TypeError(f"{_OP}: A is complex ({A.dtype}), so the state is: state must be complex, got {state.dtype}")
     for name in ("state", "B", "C"):
         if named[name].is_complex() and not A.is_complex():
             raise TypeError(f"{_OP}: {name} is complex ({named[name].dtype}) but A is real ({A.dtype}): a complex "
