@@ -14,6 +14,7 @@
 #include "linrec/dispatch.h"
 #include "linrec/ssm/kernels.cuh"
 #include "linrec/ssm/lane_kernels.cuh"
+#include "linrec/ssm/plan.cuh"
 #include "linrec/ssm/step_kernels.cuh"
 
 namespace linrec::cuda {
@@ -104,72 +105,6 @@ void dispatch_lanes(const ssm::Plan& plan, const ssm::ForwardParams& params, Bod
   });
 }
 
-// The relative rate at which an SM runs the lane kernels' steps with `warps` warps resident: they are
-// bound by the latency of the exp2 unit and of shared memory, which more warps hide. Measured on an
-// H100 as the times of bfloat16 rows of 2048 and 5120 channels (n = 16 and 64) split into 1 to 64
-// segments, at 4, 8, 12, 16 and 20 warps; the backward's blocks (two an SM at most) took as long
-// alone as in pairs.
-template <bool Backward>
-double warp_rate(int64_t warps) {
-  constexpr double kRates[] = {0.0, Backward ? 0.39 : 0.5, 0.78, 0.9, 0.95, 1.0};
-  if (warps >= 20) return 1.0;
-  const int64_t below = warps / 4;
-  return kRates[below] + static_cast<double>(warps % 4) / 4 * (kRates[below + 1] - kRates[below]);
-}
-
-// The modelled time of a pass of `blocks` blocks of `warps` warps, `resident` of them at most on an SM
-// at once, per step of a block: the SMs take the blocks in turns, and a turn of k blocks takes
-// k * warps / warp_rate(k * warps).
-template <bool Backward>
-double pass_time(int64_t blocks, int64_t warps, int64_t resident, int64_t sms) {
-  const int64_t per_sm = (blocks + sms - 1) / sms;
-  const auto turn = [&](int64_t k) {
-    return k == 0 ? 0.0 : static_cast<double>(k * warps) / warp_rate<Backward>(k * warps);
-  };
-  return static_cast<double>(per_sm / resident) * turn(resident) + turn(per_sm % resident);
-}
-
-// The lane kernels' plan: the policy and the split of the rows along time (segments of whole chunks)
-// that the model gives the least time, where a split row takes a first pass over all its segments but
-// the last (ssm/lane_kernels.cuh). A step of a forward's Wide block costs 0.82 of a Narrow one's per warp
-// (its blocks stage a tile of B and C for twice the channels: bfloat16, n = 64); a first pass costs,
-// per block and step, 0.5 of its second pass at n <= 16 and 0.65 above in the forward (an exponential per
-// state dim and step, as in the second, without the output), 0.2 in the backward (the adjoint alone).
-// Between near ties (3%) the fewer segments win, which need less workspace.
-template <bool Backward>
-void plan_lanes(const ssm::ForwardParams& params, ssm::Plan& plan) {
-  using ssm::LanePolicy;
-  if (!ssm::lanes::takes(params) || params.length == 0) return;
-  const int64_t sms = device_shape().multiprocessors, chunks = ssm::chunks_of(params.length);
-  std::vector<LanePolicy> candidates{LanePolicy::Narrow};
-  if (params.n <= 16 && ssm::lanes::blocks_of<ssm::lanes::Policy<4, 4>>(params) * chunks < 2 * sms)
-    candidates = {LanePolicy::Single};  // too few blocks even split into every chunk
-  else if (params.n > 16 && !Backward)
-    candidates.push_back(LanePolicy::Wide);
-  const double first_pass = Backward ? 0.2 : params.n > 16 ? 0.65 : 0.5;
-  double best_time = std::numeric_limits<double>::infinity();
-  for (const LanePolicy policy : candidates) {
-    ssm::lanes::with_policy<Backward>(policy, params.n, [&]<typename Policy>() {
-      const int64_t blocks = ssm::lanes::blocks_of<Policy>(params);
-      const int64_t resident = Backward ? Policy::kBackwardResident : Policy::kForwardMinBlocks;
-      const double step_cost = policy == LanePolicy::Wide ? 0.82 : 1.0;
-      for (int64_t count = 1; count <= std::min<int64_t>(chunks, 64); ++count) {
-        const int64_t segment_chunks = (chunks + count - 1) / count;
-        const int64_t segments = (chunks + segment_chunks - 1) / segment_chunks;
-        const double time = step_cost * static_cast<double>(segment_chunks) *
-                            (pass_time<Backward>(blocks * segments, Policy::kWarps, resident, sms) +
-                             first_pass * pass_time<Backward>(blocks * (segments - 1), Policy::kWarps, resident, sms));
-        if (time < 0.97 * best_time) {
-          best_time = time;
-          plan.lane_policy = policy;
-          plan.segment_chunks = segment_chunks;
-          plan.segments = segments;
-        }
-      }
-    });
-  }
-}
-
 // Copies the plan's split (and a backward's blocks of channels kept apart) into the params the kernels
 // take.
 template <typename Params>
@@ -185,7 +120,7 @@ Params split_as(const ssm::Plan& plan, const Params& params) {
 
 ssm::Plan make_plan(const ssm::ForwardParams& params) {
   ssm::Plan plan;
-  plan_lanes<false>(params, plan);
+  ssm::lanes::choose_plan<false>(params, plan);
   // The segments' end states and decay products, [2][segments - 1][batch * d][n].
   plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
   return plan;
@@ -193,7 +128,7 @@ ssm::Plan make_plan(const ssm::ForwardParams& params) {
 
 ssm::Plan make_plan(const ssm::BackwardParams& params) {
   ssm::Plan plan;
-  plan_lanes<true>(params, plan);
+  ssm::lanes::choose_plan<true>(params, plan);
   const bool varying = params.B.varying || params.C.varying;
   if (params.deterministic && varying) {
     // The lane kernels sum each block's terms over its channels in a fixed order; the blocks' sums are
