@@ -219,21 +219,29 @@ def fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype: tor
                 values = torch.promote_types(values, tensor.dtype)
 
     def per_step(tensor):
-        return None if tensor is None else tensor.to(values).contiguous()
+        return None if tensor is None else _contiguous_as(tensor, values)
 
     def small(tensor, dtype=real_dtype):
-        return None if tensor is None else tensor.to(dtype).contiguous()
+        return None if tensor is None else _contiguous_as(tensor, dtype)
 
     def projection(M, dtype):
         if state_dtype.is_complex:
             return _as_operand(M, state_dtype, u.shape[-1])
-        return small(M, state_dtype) if M.dim() == 2 else (M if M.dim() == 4 else M.unsqueeze(1)).to(dtype).contiguous()
+        return small(M, state_dtype) if M.dim() == 2 else _contiguous_as(M if M.dim() == 4 else M.unsqueeze(1), dtype)
 
     varying = [M.dtype for M in (B, C) if M.dim() > 2]
     wide = any(dtype != values for dtype in varying)
     projection_dtype = real_dtype if wide else values
     return (per_step(u), per_step(delta), small(A, state_dtype), projection(B, projection_dtype),
             projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), small(initial, state_dtype))
+
+
+def _contiguous_as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """tensor in dtype, contiguous: itself where it is (no dispatch of a no-op .to and .contiguous, which is most
+    of a short call's host time in these conversions)."""
+    if tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
 def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tensor:

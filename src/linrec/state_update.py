@@ -96,10 +96,11 @@ def selective_state_update(
     batch, d, n = _check(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
     # Mamba-1's layout, one step long: (batch, d, 1) per step, B and C (batch, groups, n, 1).
     u, delta, gate = (None if t is None else t.reshape(batch, d, 1) for t in (x, dt, z))
-    A, D, dt_bias = (None if t is None else t.reshape(-1) for t in (A, D, dt_bias))
-    A = A.view(d, n)
-    B, C = (_projection(M, A) for M in (B, C))
-    rows = state.contiguous().view(state.shape[0], d, n)  # a copy of a strided state, written back below
+    A = A.reshape(d, n)
+    D, dt_bias = (None if t is None else t.reshape(d) for t in (D, dt_bias))
+    B, C = _projection(B, A), _projection(C, A)
+    # A strided state is scanned in a contiguous copy, written back below.
+    rows = (state if state.is_contiguous() else state.contiguous()).view(state.shape[0], d, n)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (rows, u, delta, A, B, C, D, gate, dt_bias)):
         out = _differentiable_step(rows, u, delta, A, B, C, D, gate, dt_bias, dt_softplus, state_batch_indices)
@@ -113,7 +114,8 @@ def selective_state_update(
             rows.copy_(states)
     if not state.is_contiguous():  # rows is a contiguous copy
         state.copy_(rows.view(state.shape))
-    return out.view(x.shape).to(x.dtype)
+    out = out.view(x.shape)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def _projection(M: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
