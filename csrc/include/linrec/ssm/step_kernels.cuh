@@ -46,10 +46,13 @@ __device__ __forceinline__ void write_output(const ForwardParams& p, int64_t row
   static_cast<T*>(p.out)[row] = static_cast<T>(y);
 }
 
-template <typename W>
-__device__ __forceinline__ float projection_value(const Projection& M, int64_t index) {
-  return M.varying && !M.wide ? static_cast<float>(static_cast<const W*>(M.data)[index])
-                              : static_cast<const float*>(M.data)[index];
+// Element `index` of B or C in the state type S: a varying one stored in W (the values' type) converted,
+// else (fixed, or varying in S; a complex state's always) as stored.
+template <typename W, typename S>
+__device__ __forceinline__ S projection_value(const Projection& M, int64_t index) {
+  if constexpr (!is_complex<S>::value)
+    if (M.varying && !M.wide) return static_cast<S>(static_cast<const W*>(M.data)[index]);
+  return static_cast<const S*>(M.data)[index];
 }
 
 // Lanes lanes a channel, four state dims a lane: the lane kernels' Narrow policy for n <= 4 * Lanes.
@@ -87,8 +90,8 @@ __global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdatePa
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     A2[i] = scaled_log2(A2[i]);
-    B[i] = i < valid ? projection_value<W>(p.B, B_first + i) : 0.0f;
-    C[i] = i < valid ? projection_value<W>(p.C, C_first + i) : 0.0f;
+    B[i] = i < valid ? projection_value<W, float>(p.B, B_first + i) : 0.0f;
+    C[i] = i < valid ? projection_value<W, float>(p.C, C_first + i) : 0.0f;
   }
   const StepOperands<T, float> step(p, active ? row : 0, active && p.delta_bias ? static_cast<const float*>(p.delta_bias)[k] : 0.0f);
   const float lane_chain = lanes::recur<4>(h, A2, step.dt, step.dtu, B, C);
@@ -129,10 +132,6 @@ __global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdatePa
   const StepOperands<T, R> step(p, row, p.delta_bias ? static_cast<const R*>(p.delta_bias)[k] : R(0));
   // B's and C's state dims follow each other (a step's varying ones, and fixed ones): one offset each.
   const int64_t B_first = p.B.offset(b, k, 0, p.d, n, 1), C_first = p.C.offset(b, k, 0, p.d, n, 1);
-  const auto read = [&](const Projection& M, int64_t index) {
-    if constexpr (is_complex<S>::value) return static_cast<const S*>(M.data)[index];
-    else return M.varying && !M.wide ? static_cast<S>(static_cast<const W*>(M.data)[index]) : static_cast<const S*>(M.data)[index];
-  };
   S sum{};
   for (int64_t first = lane; first < n; first += 32 * kTile) {
     S before[kTile], A[kTile], B[kTile], C[kTile];
@@ -142,8 +141,8 @@ __global__ void __launch_bounds__(kThreads) warp_step_kernel(const StateUpdatePa
       const bool present = j < n;
       before[i] = present && s >= 0 ? state[j] : S{};
       A[i] = present ? static_cast<const S*>(p.A)[k * n + j] : S{};
-      B[i] = present ? read(p.B, B_first + j) : S{};
-      C[i] = present ? read(p.C, C_first + j) : S{};
+      B[i] = present ? projection_value<W, S>(p.B, B_first + j) : S{};
+      C[i] = present ? projection_value<W, S>(p.C, C_first + j) : S{};
     }
     #pragma unroll
     for (int i = 0; i < kTile; ++i) {
