@@ -54,13 +54,14 @@ def runs_step_by_step(device, dtype, n, complex_A):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
-@pytest.mark.parametrize("n", [1, 3, 16, 17, 64])
+@pytest.mark.parametrize("n", [1, 3, 5, 8, 16, 17, 64])
 @pytest.mark.parametrize("groups", [None, 2])
 def test_steps_give_the_scans_bits(device, seed, dtype, n, groups):
     """T steps from a state: the outputs and last state of one selective_scan call of the T steps from it,
-    bit for bit where the scan walks time step by step; 300 steps of 64 channels (the scan's plan may take
-    another policy than a step's), and 37 of 6."""
-    for batch, d, length in ((2, 6, 37), (2, 64, 300)):
+    bit for bit where the scan walks time step by step; 300 steps of 64 channels and on the GPU 20 of
+    8 x 2048 (the scan's plan takes other policies than a step's: lanes of one state dim at n <= 4 for the
+    second), and 37 of 6."""
+    for batch, d, length in ((2, 6, 37), (2, 64, 300)) + (((8, 2048, 20),) if device == "cuda" else ()):
         arguments = make_step_arguments(device, dtype, batch, d, n, length, groups)
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         initial = random_values((batch, d, n), state_dtype, device)

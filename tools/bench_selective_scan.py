@@ -2,10 +2,11 @@
 Mamba's shapes: batch 8, d in {2048, 5120}, n in {16, 64}, length in {2048, 8192}, and length 65536 at
 batch 1; B and C varying (shared by the channels), z, delta_bias and softplus; bfloat16 and float32
 (A, D and delta_bias float32). With --complex, a complex A (S4D-Lin's, -1/2 + i pi k) on smaller shapes, B
-and C as (real, imag) pairs. Times are medians of triton.testing.do_bench; peak memory is what one call
+and C as (real, imag) pairs; with --fixed, B and C fixed (d, n) float32, S4D-style. Times are medians of triton.testing.do_bench; peak memory is what one call
 allocates beyond its arguments. Needs a CUDA GPU, triton and mamba_ssm with its CUDA extension:
 
-    python tools/bench_selective_scan.py [--quick] [--complex] [--json FILE]
+    python tools/bench_selective_scan.py [--quick] [--complex] [--fixed] [--shapes BxDxNxL ...] [--dtypes bfloat16,...]
+                                         [--json FILE]
 
 Prints a Markdown table (docs/benchmarks.md, Selective scan).
 """
@@ -27,8 +28,10 @@ QUICK_SHAPES = [(8, 2048, 16, 2048), (8, 5120, 16, 8192), (8, 2048, 64, 2048)]
 COMPLEX_SHAPES = [(8, 1024, 16, 2048), (8, 2048, 16, 2048), (8, 1024, 64, 2048), (1, 2048, 16, 65536)]
 
 
-def arguments(batch: int, d: int, n: int, length: int, dtype: torch.dtype, complex_A: bool = False) -> list[torch.Tensor]:
-    """u, delta, A, B, C, D, z, delta_bias, as Mamba passes them."""
+def arguments(batch: int, d: int, n: int, length: int, dtype: torch.dtype, complex_A: bool = False,
+              fixed: bool = False) -> list[torch.Tensor]:
+    """u, delta, A, B, C, D, z, delta_bias, as Mamba passes them; with ``fixed``, B and C (d, n) float32, as
+    S4D-style models pass them."""
     def activations():
         return torch.randn(batch, d, length, device="cuda", dtype=dtype)
 
@@ -37,9 +40,14 @@ def arguments(batch: int, d: int, n: int, length: int, dtype: torch.dtype, compl
     else:
         A = -(0.5 + torch.rand(d, n, device="cuda"))
     time_size = 2 * length if complex_A else length
-    return [activations(), (0.5 * torch.randn(batch, d, length, device="cuda") - 1).to(dtype), A,
-            torch.randn(batch, n, time_size, device="cuda", dtype=dtype),
-            torch.randn(batch, n, time_size, device="cuda", dtype=dtype),
+
+    def projection():
+        if fixed:
+            return torch.randn(d, n, device="cuda", dtype=A.dtype)
+        return torch.randn(batch, n, time_size, device="cuda", dtype=dtype)
+
+    return [activations(), (0.5 * torch.randn(batch, d, length, device="cuda") - 1).to(dtype), A, projection(),
+            projection(),
             torch.randn(d, device="cuda"), activations(), 0.3 * torch.randn(d, device="cuda")]
 
 
@@ -68,8 +76,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="three shapes instead of the twelve")
     parser.add_argument("--complex", action="store_true", help="a complex A, on smaller shapes")
+    parser.add_argument("--fixed", action="store_true", help="B and C fixed (d, n), S4D-style")
+    parser.add_argument("--shapes", nargs="+", metavar="BxDxNxL",
+                        help="batch x d x n x length of each case, instead of the built-in shapes")
+    parser.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated, of u, delta, B, C and z")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
+    shapes = ([tuple(int(size) for size in shape.split("x")) for shape in args.shapes] if args.shapes else
+              COMPLEX_SHAPES if args.complex else QUICK_SHAPES if args.quick else SHAPES)
+    if any(len(shape) != 4 for shape in shapes):
+        parser.error(f"--shapes takes batch x d x n x length, e.g. 8x2048x16x2048; got {' '.join(args.shapes)}")
+    dtypes = []
+    for name in args.dtypes.split(","):
+        if name not in ("bfloat16", "float16", "float32"):
+            parser.error(f"--dtypes takes bfloat16, float16 and float32; got {name!r}")
+        dtypes.append(getattr(torch, name))
     theirs = mamba_selective_scan()
     if theirs is None:
         raise SystemExit("mamba_ssm with its CUDA extension is not installed")
@@ -86,9 +107,9 @@ def main() -> None:
           "| linrec / mamba_ssm fwd, fwd+bwd | peak MiB fwd+bwd, linrec / mamba_ssm |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     rows = []
-    for dtype in (torch.bfloat16, torch.float32):
-        for shape in COMPLEX_SHAPES if args.complex else QUICK_SHAPES if args.quick else SHAPES:
-            tensors = arguments(*shape, dtype, args.complex)
+    for dtype in dtypes:
+        for shape in shapes:
+            tensors = arguments(*shape, dtype, args.complex, args.fixed)
             row = {"dtype": str(dtype).removeprefix("torch."), "shape": shape}
             for name, scan in scans.items():
                 (fwd, _), (both, peak) = measure(scan, tensors, False), measure(scan, tensors, True)

@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from the repository root, with wheels built on the CPU machine in dist/
 # (default archs) and, optionally, dist-sm80/ (LINREC_CUDA_ARCHS=8.0, to see the unsupported-arch error
 # on a newer GPU) and build/cmake/linrec_check_kernels (the CMake build's torch-free kernel check, run
-# under compute-sanitizer). Installs the wheel with --no-deps into the machine's torch, runs the whole
+# under compute-sanitizer, with tools/sanitize_selective_scan.py). Installs the wheel with --no-deps into the machine's torch, runs the whole
 # test suite (CPU and CUDA), the benchmark and the tuning sweep. Logs go to $OUT (or ./gpu-check-out):
 # env.txt, pytest.txt, bench.txt + CSV + PNG, tune.txt + CSV (skipped with LINREC_SKIP_TUNE=1), checks.txt.
 set -uo pipefail
@@ -34,6 +34,11 @@ except RuntimeError as error:
     print(type(error).__name__ + ":", error)
 PY
   fi
+  for tool in memcheck racecheck; do
+    echo "compute-sanitizer --tool $tool python3 tools/sanitize_selective_scan.py"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 1800 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      python3 tools/sanitize_selective_scan.py 2>&1 | tail -3
+  done
   if [ -x build/cmake/linrec_check_kernels ]; then
     for tool in memcheck racecheck; do
       echo "compute-sanitizer --tool $tool build/cmake/linrec_check_kernels 4097"

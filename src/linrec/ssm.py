@@ -174,7 +174,7 @@ def selective_scan(
 def _sums_in_fixed_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, real_dtype: torch.dtype) -> bool:
     """Whether the fused backward on the GPU can sum the gradients of B and C in a fixed order: both fixed, or
     both varying with the same groups (shared: one), n <= 64, a real A and a float32 state, which the lane
-    kernels take (csrc/include/linrec/ssm/lane_kernels.cuh)."""
+    kernels take (csrc/include/linrec/ssm/lanes/policy.cuh: takes)."""
     if B.dim() == 2 and C.dim() == 2:
         return True
     if A.is_complex():

@@ -49,7 +49,7 @@ void launch_plan(const Plan& plan, const ForwardParams& params, cudaStream_t str
 void launch_plan(const Plan& plan, const BackwardParams& params, cudaStream_t stream);
 }  // namespace bulk
 
-// The fused selective scan (ssm/lane_kernels.cuh, ssm/kernels.cuh), planned and launched the same way.
+// The fused selective scan (ssm/lanes/, ssm/blocks/), planned and launched the same way.
 ssm::Plan make_plan(const ssm::ForwardParams& params);
 ssm::Plan make_plan(const ssm::BackwardParams& params);
 void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream);

@@ -1,5 +1,5 @@
 // The fused selective scan's translation unit: its two kernel families, the lane family
-// (ssm/lane_kernels.cuh) for Mamba's operands and the block family (ssm/kernels.cuh) for the rest, and
+// (ssm/lanes/) for Mamba's operands and the block family (ssm/blocks/) for the rest, and
 // its decode step (ssm/step_kernels.cuh), instantiated for every element type of u (T), of varying B and
 // C (W: T, or the state type S beside 16-bit T or a complex A).
 #include <algorithm>
@@ -12,9 +12,10 @@
 #include "linrec/cuda_launch.h"
 #include "linrec/device_shape.h"
 #include "linrec/dispatch.h"
-#include "linrec/ssm/kernels.cuh"
-#include "linrec/ssm/lane_kernels.cuh"
-#include "linrec/ssm/plan.cuh"
+#include "linrec/ssm/blocks/kernels.cuh"
+#include "linrec/ssm/lanes/backward.cuh"
+#include "linrec/ssm/lanes/forward.cuh"
+#include "linrec/ssm/lanes/plan.cuh"
 #include "linrec/ssm/step_kernels.cuh"
 
 namespace linrec::cuda {
@@ -91,15 +92,21 @@ void launch_lanes(void (*kernel)(Params), const Params& params, int64_t segments
   LINREC_CUDA_CHECK(cudaGetLastError());
 }
 
-// Calls body.template operator()<T, W, Policy, Packed>() for a call the lane family takes, with the
-// plan's policy.
+// Calls body.template operator()<T, W, Policy, Packed, Fixed>() for a call the lane family takes, with
+// the plan's policy. Fixed B and C (both, in the state type) take W = T, which dispatch_types gives
+// them, and n >= kFixedMinStates, which no policy of fewer state dims serves.
 template <bool Backward, typename Body>
 void dispatch_lanes(const ssm::Plan& plan, const ssm::ForwardParams& params, Body&& body) {
   dispatch_types(params, [&]<typename T, typename W, typename S>() {
     if constexpr (std::is_same_v<S, float>) {
       ssm::lanes::with_policy<Backward>(plan.lane_policy, params.n, [&]<typename Policy>() {
-        if (params.sequences.packed()) body.template operator()<T, W, Policy, true>();
-        else body.template operator()<T, W, Policy, false>();
+        const auto with_layout = [&]<bool Packed>() {
+          if (params.B.varying) body.template operator()<T, W, Policy, Packed, false>();
+          else if constexpr (std::is_same_v<W, T> && Policy::kMaxStates >= ssm::lanes::kFixedMinStates)
+            body.template operator()<T, W, Policy, Packed, true>();
+        };
+        if (params.sequences.packed()) with_layout.template operator()<true>();
+        else with_layout.template operator()<false>();
       });
     }
   });
@@ -149,10 +156,11 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
 void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
     const ssm::ForwardParams split = split_as(plan, params);
-    dispatch_lanes<false>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed>() {
+    dispatch_lanes<false>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed, bool Fixed>() {
       if (plan.segments > 1)
-        launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, 0, stream);
-      launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, false>, split, plan.segments, 0, stream);
+        launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, Fixed, true>, split, plan.segments - 1, 0,
+                             stream);
+      launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, Fixed, false>, split, plan.segments, 0, stream);
     });
     return;
   }
@@ -170,17 +178,17 @@ void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_
 void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream_t stream) {
   if (ssm::lanes::takes(params)) {
     const ssm::BackwardParams split = split_as(plan, params);
-    dispatch_lanes<true>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed>() {
-      constexpr int64_t kShared = sizeof(ssm::lanes::BackwardShared<Policy>);
+    dispatch_lanes<true>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed, bool Fixed>() {
+      constexpr int64_t kShared = sizeof(ssm::lanes::BackwardShared<Policy, Fixed>);
       if (plan.segments > 1)
-        launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, true>, split, plan.segments - 1, kShared,
-                             stream);
-      launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, false>, split, plan.segments, kShared,
-                           stream);
+        launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, Fixed, true>, split, plan.segments - 1,
+                             kShared, stream);
+      launch_lanes<Policy>(ssm::lanes::backward_kernel<T, W, Policy, Packed, Fixed, false>, split, plan.segments,
+                           kShared, stream);
     });
     // The sums' kernels only where they have sums: a launch of zero blocks is an error.
     if (plan.segments > 1 && params.batch * params.d > 0) {
-      const int64_t sums = params.batch * params.d * (params.n + 2);
+      const int64_t sums = ssm::lanes::BackwardWorkspace::segment_sum_floats(params);
       const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((sums + 255) / 256, 65535));
       ssm::lanes::sum_segments<<<blocks, 256, 0, stream>>>(split);
       LINREC_CUDA_CHECK(cudaGetLastError());

@@ -1,5 +1,5 @@
-// Device arithmetic shared by the selective scan's kernel families (ssm/kernels.cuh,
-// ssm/lane_kernels.cuh): the decay through the exp2 unit, and a warp's sum.
+// Device arithmetic shared by the selective scan's kernel families (ssm/blocks/,
+// ssm/lanes/): the decay through the exp2 unit, and a warp's sum.
 #pragma once
 
 #include <type_traits>

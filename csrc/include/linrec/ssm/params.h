@@ -1,5 +1,5 @@
 // The fused selective scan's parameters: plain structs handed from the op layer (ssm/ops.h) to the
-// CPU loop (ssm/sequential.h) and the CUDA kernels (ssm/kernels.cuh). Torch-free.
+// CPU loop (ssm/sequential.h) and the CUDA kernels (ssm/lanes/, ssm/blocks/). Torch-free.
 //
 // Layouts (every tensor contiguous, time last):
 //   u, delta, z, out, and their gradients: (batch, d, length), element type T;
@@ -104,8 +104,9 @@ struct Sequences {
   }
 };
 
-// The lane kernels' policies (ssm/lane_kernels.cuh: with_policy): one state dim a lane (Single), four
-// in blocks of four warps (Narrow) or, in the forward above n = 16, of eight (Wide).
+// The lane kernels' policies (ssm/lanes/policy.cuh: with_policy): one state dim a lane and sixteen lanes
+// a channel (Single), lanes sized to n in blocks of four warps (Narrow) or, in the forward above n = 16,
+// of eight (Wide).
 enum class LanePolicy : int8_t { Single, Narrow, Wide };
 
 // How a call runs on the GPU: the lane kernels' policy; its rows split along time into `segments` of

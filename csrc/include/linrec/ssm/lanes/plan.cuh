@@ -1,4 +1,4 @@
-// The lane kernels' plan (ssm/lane_kernels.cuh): which policy a call takes and how its rows split along
+// The lane kernels' plan (ssm/lanes/policy.cuh): which policy a call takes and how its rows split along
 // time, from a model of the time the SMs take; its rates and costs are fits to measured runs. Host code,
 // one plan per call (cuda::make_plan in kernels/cuda/selective_scan.cu).
 #pragma once
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "linrec/device_shape.h"
-#include "linrec/ssm/lane_kernels.cuh"
+#include "linrec/ssm/lanes/policy.cuh"
 #include "linrec/ssm/params.h"
 
 namespace linrec::ssm::lanes {
@@ -41,7 +41,7 @@ inline double pass_time(int64_t blocks, int64_t warps, int64_t resident, int64_t
 
 // The lane kernels' plan: the policy and the split of the rows along time (segments of whole chunks)
 // that the model gives the least time, where a split row takes a first pass over all its segments but
-// the last (ssm/lane_kernels.cuh). A step of a forward's Wide block costs 0.82 of a Narrow one's per warp
+// the last (ssm/lanes/). A step of a forward's Wide block costs 0.82 of a Narrow one's per warp
 // (its blocks stage a tile of B and C for twice the channels: bfloat16, n = 64); a first pass costs,
 // per block and step, 0.5 of its second pass at n <= 16 and 0.65 above in the forward (an exponential per
 // state dim and step, as in the second, without the output), 0.2 in the backward (the adjoint alone).
