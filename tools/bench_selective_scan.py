@@ -6,7 +6,11 @@ and C as (real, imag) pairs; with --fixed, B and C fixed (d, n) float32, S4D-sty
 allocates beyond its arguments. Needs a CUDA GPU, triton and mamba_ssm with its CUDA extension:
 
     python tools/bench_selective_scan.py [--quick] [--complex] [--fixed] [--shapes BxDxNxL ...] [--dtypes bfloat16,...]
-                                         [--json FILE]
+                                         [--space] [--json FILE]
+
+--space runs SPACE instead, a grid over what Mamba-1-style models use: every kind of state size from 1 to
+256 (odd ones too), B and C fixed, shared and grouped, real and complex A, lengths 1 to 2^20, 256 to
+16384 channels, batch 1 to 64, bfloat16, float16 and float32.
 
 Prints a Markdown table (docs/benchmarks.md, Selective scan).
 """
@@ -28,10 +32,26 @@ QUICK_SHAPES = [(8, 2048, 16, 2048), (8, 5120, 16, 8192), (8, 2048, 64, 2048)]
 COMPLEX_SHAPES = [(8, 1024, 16, 2048), (8, 2048, 16, 2048), (8, 1024, 64, 2048), (1, 2048, 16, 65536)]
 
 
+def space() -> list[tuple[str, str, bool, tuple[int, int, int, int]]]:
+    """(dtype, B and C: "shared", "grouped" (4 groups) or "fixed", complex A, (batch, d, n, length)) of the
+    --space grid: each axis swept around Mamba's 8 x 2048 x 16 x 2048 in bfloat16 with B and C shared."""
+    cases = [("bfloat16", "shared", False, (8, 2048, n, 2048))
+             for n in (1, 2, 3, 4, 5, 7, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256)]
+    cases += [("bfloat16", layout, False, (8, 1024, n, 2048)) for layout in ("grouped", "fixed") for n in (4, 16, 64)]
+    cases += [("bfloat16", "shared", True, (8, 1024, n, 2048)) for n in (4, 16, 64)]
+    cases += [("bfloat16", "shared", False, (4, 2048, 16, length)) for length in (1, 17, 128, 512, 4096, 65536)]
+    cases += [("bfloat16", "shared", False, (1, 1024, 16, 1 << 20))]
+    cases += [("bfloat16", "shared", False, (8, d, 16, 2048)) for d in (256, 768, 5000, 16384)]
+    cases += [("bfloat16", "shared", False, (batch, 2048, 16, 1024)) for batch in (1, 64)]
+    cases += [(dtype, "shared", False, (8, 2048, n, 2048)) for dtype in ("float16", "float32") for n in (4, 16, 64, 128)]
+    cases += [("float32", "fixed", False, (8, 1024, 16, 2048)), ("float32", "shared", True, (8, 1024, 16, 2048))]
+    return cases
+
+
 def arguments(batch: int, d: int, n: int, length: int, dtype: torch.dtype, complex_A: bool = False,
-              fixed: bool = False) -> list[torch.Tensor]:
-    """u, delta, A, B, C, D, z, delta_bias, as Mamba passes them; with ``fixed``, B and C (d, n) float32, as
-    S4D-style models pass them."""
+              projections: str = "shared") -> list[torch.Tensor]:
+    """u, delta, A, B, C, D, z, delta_bias, as Mamba passes them; B and C "shared" (batch, n, length),
+    "grouped" (batch, 4, n, length), or "fixed" (d, n) float32, as S4D-style models pass them."""
     def activations():
         return torch.randn(batch, d, length, device="cuda", dtype=dtype)
 
@@ -42,8 +62,10 @@ def arguments(batch: int, d: int, n: int, length: int, dtype: torch.dtype, compl
     time_size = 2 * length if complex_A else length
 
     def projection():
-        if fixed:
+        if projections == "fixed":
             return torch.randn(d, n, device="cuda", dtype=A.dtype)
+        if projections == "grouped":
+            return torch.randn(batch, 4, n, time_size, device="cuda", dtype=dtype)
         return torch.randn(batch, n, time_size, device="cuda", dtype=dtype)
 
     return [activations(), (0.5 * torch.randn(batch, d, length, device="cuda") - 1).to(dtype), A, projection(),
@@ -80,6 +102,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", metavar="BxDxNxL",
                         help="batch x d x n x length of each case, instead of the built-in shapes")
     parser.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated, of u, delta, B, C and z")
+    parser.add_argument("--space", action="store_true", help="the grid over Mamba-1's space (space())")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     shapes = ([tuple(int(size) for size in shape.split("x")) for shape in args.shapes] if args.shapes else
@@ -90,7 +113,9 @@ def main() -> None:
     for name in args.dtypes.split(","):
         if name not in ("bfloat16", "float16", "float32"):
             parser.error(f"--dtypes takes bfloat16, float16 and float32; got {name!r}")
-        dtypes.append(getattr(torch, name))
+        dtypes.append(name)
+    projections = "fixed" if args.fixed else "shared"
+    cases = space() if args.space else [(dtype, projections, args.complex, shape) for dtype in dtypes for shape in shapes]
     theirs = mamba_selective_scan()
     if theirs is None:
         raise SystemExit("mamba_ssm with its CUDA extension is not installed")
@@ -103,26 +128,25 @@ def main() -> None:
         warm = warm @ warm
         warm /= warm.norm()
     torch.cuda.synchronize()
-    print("| dtype | batch x d x n x length | linrec fwd / fwd+bwd ms | mamba_ssm fwd / fwd+bwd ms "
+    print("| dtype | B and C | A | batch x d x n x length | linrec fwd / fwd+bwd ms | mamba_ssm fwd / fwd+bwd ms "
           "| linrec / mamba_ssm fwd, fwd+bwd | peak MiB fwd+bwd, linrec / mamba_ssm |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
     rows = []
-    for dtype in dtypes:
-        for shape in shapes:
-            tensors = arguments(*shape, dtype, args.complex, args.fixed)
-            row = {"dtype": str(dtype).removeprefix("torch."), "shape": shape}
-            for name, scan in scans.items():
-                (fwd, _), (both, peak) = measure(scan, tensors, False), measure(scan, tensors, True)
-                row[name] = {"fwd_ms": fwd, "fwdbwd_ms": both, "fwdbwd_peak_mib": peak}
-                torch.cuda.empty_cache()
-            ours, peer = row["linrec"], row["mamba_ssm"]
-            print(f"| {row['dtype']} | {' x '.join(map(str, shape))} | {ours['fwd_ms']:.2f} / {ours['fwdbwd_ms']:.2f} "
-                  f"| {peer['fwd_ms']:.2f} / {peer['fwdbwd_ms']:.2f} "
-                  f"| {ours['fwd_ms'] / peer['fwd_ms']:.2f}, {ours['fwdbwd_ms'] / peer['fwdbwd_ms']:.2f} "
-                  f"| {ours['fwdbwd_peak_mib']:.0f} / {peer['fwdbwd_peak_mib']:.0f} |", flush=True)
-            rows.append(row)
-            del tensors
+    for dtype, layout, complex_A, shape in cases:
+        tensors = arguments(*shape, getattr(torch, dtype), complex_A, layout)
+        row = {"dtype": dtype, "projections": layout, "complex_A": complex_A, "shape": shape}
+        for name, scan in scans.items():
+            (fwd, _), (both, peak) = measure(scan, tensors, False), measure(scan, tensors, True)
+            row[name] = {"fwd_ms": fwd, "fwdbwd_ms": both, "fwdbwd_peak_mib": peak}
             torch.cuda.empty_cache()
+        ours, peer = row["linrec"], row["mamba_ssm"]
+        print(f"| {dtype} | {layout} | {'complex' if complex_A else 'real'} | {' x '.join(map(str, shape))} "
+              f"| {ours['fwd_ms']:.3f} / {ours['fwdbwd_ms']:.3f} | {peer['fwd_ms']:.3f} / {peer['fwdbwd_ms']:.3f} "
+              f"| {ours['fwd_ms'] / peer['fwd_ms']:.2f}, {ours['fwdbwd_ms'] / peer['fwdbwd_ms']:.2f} "
+              f"| {ours['fwdbwd_peak_mib']:.0f} / {peer['fwdbwd_peak_mib']:.0f} |", flush=True)
+        rows.append(row)
+        del tensors
+        torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as file:
             json.dump(rows, file, indent=1)
