@@ -39,6 +39,12 @@ PY
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 1800 compute-sanitizer --tool "$tool" --error-exitcode 3 \
       python3 tools/sanitize_selective_scan.py 2>&1 | tail -3
   done
+  if [ -x build/cmake/linrec_check_selective_scan ]; then
+    for tool in memcheck racecheck; do
+      echo "compute-sanitizer --tool $tool build/cmake/linrec_check_selective_scan"
+      timeout 1800 compute-sanitizer --tool "$tool" --error-exitcode 3 build/cmake/linrec_check_selective_scan 2>&1 | tail -3
+    done
+  fi
   if [ -x build/cmake/linrec_check_kernels ]; then
     for tool in memcheck racecheck; do
       echo "compute-sanitizer --tool $tool build/cmake/linrec_check_kernels 4097"
