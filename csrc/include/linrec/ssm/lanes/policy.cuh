@@ -92,8 +92,8 @@ void with_policy(LanePolicy policy, int64_t n, Body&& body) {
 // which a lane then keeps in registers; n <= 64; a float state. Fixed B and C with n <= 8 take the
 // block kernels, whose time grows with n (a scan per state dim) where a lane's of four state dims does
 // not: on an H200, bfloat16 and float32 8 x 1024 x n x 2048 forward and backward took 0.67 and 0.64 ms
-// in the blocks at n = 4 and 1.04 and 1.00 ms at n = 8, in the lanes 0.98 and 1.04 ms from n = 5 to 16
-// (n = 4, one state dim a lane: 0.74 and 0.84 ms).
+// in the blocks at n = 4 and 1.04 and 1.00 ms at n = 8, in the lanes 0.98 and 1.04 ms at n = 8 and 16,
+// whose policy (four state dims a lane) takes n = 5 to 16 (n = 4, one state dim a lane: 0.74 and 0.84 ms).
 constexpr int64_t kFixedMinStates = 9;
 inline bool takes(const ForwardParams& p) {
   const bool projections = p.B.varying ? p.C.varying && p.B.groups == p.C.groups : !p.C.varying && p.n >= kFixedMinStates;
