@@ -105,10 +105,14 @@ def main() -> None:
     parser.add_argument("--space", action="store_true", help="the grid over Mamba-1's space (space())")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
-    shapes = ([tuple(int(size) for size in shape.split("x")) for shape in args.shapes] if args.shapes else
-              COMPLEX_SHAPES if args.complex else QUICK_SHAPES if args.quick else SHAPES)
-    if any(len(shape) != 4 for shape in shapes):
-        parser.error(f"--shapes takes batch x d x n x length, e.g. 8x2048x16x2048; got {' '.join(args.shapes)}")
+    try:
+        shapes = ([tuple(int(size) for size in shape.split("x")) for shape in args.shapes] if args.shapes else
+                  COMPLEX_SHAPES if args.complex else QUICK_SHAPES if args.quick else SHAPES)
+    except ValueError:
+        shapes = [()]
+    if any(len(shape) != 4 or min(shape) < 1 for shape in shapes):
+        parser.error(f"--shapes takes batch x d x n x length, positive, e.g. 8x2048x16x2048; got "
+                     f"{' '.join(args.shapes)}")
     dtypes = []
     for name in args.dtypes.split(","):
         if name not in ("bfloat16", "float16", "float32"):

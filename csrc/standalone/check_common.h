@@ -81,9 +81,12 @@ inline double tolerance(DType dtype) {
   return 0;
 }
 
-// max |actual - expected| / max |expected|; NaN anywhere in actual fails.
+// max |actual - expected| / max |expected| within `bound` (the dtype's tolerance by default); NaN
+// anywhere in actual fails.
 template <typename W>
-bool matches(const char* what, const std::vector<W>& actual, const std::vector<W>& expected, DType dtype) {
+bool matches(const char* what, const std::vector<W>& actual, const std::vector<W>& expected, DType dtype,
+             double bound = 0.0) {
+  if (bound == 0.0) bound = tolerance(dtype);
   double max_error = 0, scale = 1e-30;
   for (size_t i = 0; i < actual.size(); ++i) {
     const double error = magnitude(difference(actual[i], expected[i]));
@@ -94,8 +97,8 @@ bool matches(const char* what, const std::vector<W>& actual, const std::vector<W
     max_error = std::fmax(max_error, error);
     scale = std::fmax(scale, magnitude(expected[i]));
   }
-  if (max_error / scale <= tolerance(dtype)) return true;
-  std::printf("  %s: max error / max |ref| = %.3g > %.3g\n", what, max_error / scale, tolerance(dtype));
+  if (max_error / scale <= bound) return true;
+  std::printf("  %s: max error / max |ref| = %.3g > %.3g\n", what, max_error / scale, bound);
   return false;
 }
 
