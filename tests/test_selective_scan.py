@@ -514,10 +514,11 @@ LANE_LENGTHS = [1, 15, 16, 17, 511, 512, 513, 1100]
 
 
 @pytest.mark.parametrize("length", LANE_LENGTHS)
-@pytest.mark.parametrize("n", [3, 16, 40, 64])
+@pytest.mark.parametrize("n", [3, 16, 24, 29, 40, 64])
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels(device, seed, n, length, projections):
-    """Tiles and chunks, state dims that leave a lane's last ones unused, with an initial state."""
+    """Tiles and chunks, state dims that leave a lane's last ones unused (whole lanes: 3, 24, 40; part of a
+    lane: 29), with an initial state; on the GPU, every policy of four state dims a lane."""
     arguments, options = make_arguments(device, torch.float32, False, projections, projections, length=length,
                                         batch=1, d=6, n=n, groups=2)
     arguments["initial"] = _initial(arguments, 1, device)
@@ -525,12 +526,13 @@ def test_lane_kernels(device, seed, n, length, projections):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("n", [1, 4, 7, 16, 64])
+@pytest.mark.parametrize("n", [1, 4, 7, 16, 24, 31, 64])
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels_many_channels(device, seed, dtype, n, projections):
     """Channels enough for the GPU's Narrow policies (one state dim a lane and four lanes a
-    channel up to n = 4, four state dims a lane above); each group's last block holds fewer channels than
-    it has slots. The CPU runs the same loop for every n: one case of it."""
+    channel up to n = 4, four state dims a lane above: four lanes up to 16, eight up to 32, sixteen up to
+    64); each group's last block holds fewer channels than it has slots. The CPU runs the same loop for
+    every n: one case of it."""
     if device == "cpu" and (n, projections) != (16, "grouped"):
         pytest.skip("a plan of the GPU's kernels")
     arguments, options = make_arguments(device, dtype, False, projections, projections, length=37, batch=3, d=2900,
@@ -538,7 +540,8 @@ def test_lane_kernels_many_channels(device, seed, dtype, n, projections):
     check_against_loop(arguments, options)
 
 
-@pytest.mark.parametrize("batch, d, n, length", [(4, 2900, 64, 37), (1, 512, 40, 1100)], ids=["batch", "split-rows"])
+@pytest.mark.parametrize("batch, d, n, length", [(4, 2900, 64, 37), (4, 2900, 30, 37), (1, 512, 40, 1100)],
+                         ids=["batch", "batch-eight-lanes", "split-rows"])
 def test_lane_kernels_eight_warp_blocks(device, seed, batch, d, n, length):
     """Calls an H100's forward plan runs in blocks of eight warps (above n = 16): a batch of short rows,
     and a single row split along time into three segments, with an initial state and state dims that
@@ -551,7 +554,7 @@ def test_lane_kernels_eight_warp_blocks(device, seed, batch, d, n, length):
     check_against_loop(arguments, options)
 
 
-@pytest.mark.parametrize("n", [2, 8, 40])
+@pytest.mark.parametrize("n", [2, 8, 27, 40])
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels_split_rows(device, seed, n, projections):
     """One row of 4096 channels and 1100 steps: on the GPU, the row split along time where the plan finds
@@ -848,23 +851,15 @@ def test_state_dim_beyond_shared_memory(device, seed):
 @pytest.mark.parametrize("name", ["u", "delta", "B", "C", "z", "D", "delta_bias", "initial"])
 @pytest.mark.parametrize("value", [float("inf"), -float("inf"), float("nan")], ids=["inf", "-inf", "nan"])
 @pytest.mark.parametrize("delta_softplus", [True, False], ids=["softplus", "plain"])
-def test_odd_values_in_the_lane_kernels(request, device, seed, name, value, delta_softplus):
+@pytest.mark.parametrize("n", [3, 6, 21])
+def test_odd_values_in_the_lane_kernels(device, seed, name, value, delta_softplus, n):
     """An infinite or NaN value in one argument of a float32 call with B and C varying (the GPU's lane kernels):
-    outputs and last state infinite and NaN where the float64 loop's are, with its signs, the rest close. On
-    the GPU an infinite dt u (or dt) makes the lanes' state dims past n NaN (inf * 0), which reach the outputs
-    (docs/benchmarks.md, What is left)."""
-    if device == "cuda" and ((name == "u" and abs(value) == float("inf")) or (name == "delta" and value == float("inf"))):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="the lane kernels' state dims past n turn NaN at an "
-                                                                  "infinite dt u"))
-    if device == "cuda" and name == "delta_bias" and value == float("inf"):
-        # An infinite dt at every step: the loop's state turns NaN from the second step (0 * inf), the lanes'
-        # at the first, whose output the loop gives as +-Inf where the state dims' terms share a sign.
-        request.applymarker(pytest.mark.xfail(strict=False, reason="the lane kernels' state dims past n turn NaN at "
-                                                                   "an infinite dt u, which shows at the first step "
-                                                                   "where the loop's output there is infinite"))
+    outputs and last state infinite and NaN where the float64 loop's are, with its signs, the rest close. The
+    state sizes leave the lanes' policies state dims past n: a whole lane of one state dim (n = 3), part of a
+    lane of four (6), and both (21 on eight lanes of four), whose states an infinite dt or dt u turns NaN."""
     arguments, options = make_arguments(device, torch.float32, False, "grouped", "grouped", length=40, batch=1, d=4,
-                                        n=3, groups=2, delta_softplus=delta_softplus)
-    arguments["initial"] = random_values((1, 4, 3), torch.float32, device)
+                                        n=n, groups=2, delta_softplus=delta_softplus)
+    arguments["initial"] = random_values((1, 4, n), torch.float32, device)
     target = arguments[name]
     if target.dim() == 1:
         target[1] = value

@@ -23,7 +23,7 @@ from ._core.checks import (
     check_offsets,
     check_tensor,
 )
-from ._core.selective_scan import fused, runs_fused
+from ._core.selective_scan import as_operand, compute_dtypes, fused, runs_fused
 from .scan import BACKENDS, final_states, linrec
 
 __all__ = ["SELECTIVE_SCAN_BACKENDS", "selective_scan"]
@@ -33,9 +33,6 @@ _OP = "linrec.selective_scan"
 #: on linrec.linrec's backend of that name.
 SELECTIVE_SCAN_BACKENDS = ("auto", "composed", *(name for name in BACKENDS if name != "auto"))
 _COMPLEX = (torch.complex64, torch.complex128)
-# A complex dtype's real part (what dtype.to_real gives, which torch.compile does not trace), and back.
-_REAL_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
-_COMPLEX_OF = {real: complex_dtype for complex_dtype, real in _REAL_PART.items()}
 
 
 def selective_scan(
@@ -132,8 +129,8 @@ def selective_scan(
     real_dtype, state_dtype = compute_dtypes(u, delta, A, B, C, D, z, delta_bias, initial)
     complex_state = A.is_complex()
     if runs_fused(backend, u.device, _sums_in_fixed_order(A, B, C, real_dtype)):
-        out, last_state = _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
-                                 state_dtype)
+        out, last_state = fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial,
+                                None if cu_seqlens is None else cu_seqlens.contiguous(), real_dtype, state_dtype)
         return (out, last_state) if return_last_state else out
 
     # The small operands are made contiguous (they hold no n dim), so that the products below come out
@@ -145,8 +142,8 @@ def selective_scan(
     if delta_softplus:
         delta_wide = F.softplus(delta_wide)
     A_wide = A.to(state_dtype).contiguous()
-    B_wide = _as_operand(B, state_dtype, length)
-    C_wide = _as_operand(C, state_dtype, length)
+    B_wide = as_operand(B, state_dtype, length)
+    C_wide = as_operand(C, state_dtype, length)
 
     step = delta_wide.unsqueeze(2) * A_wide.unsqueeze(-1)  # delta_t * A, (batch, d, n, length)
     if complex_state:
@@ -181,83 +178,6 @@ def _sums_in_fixed_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, real
         return False
     groups = [1 if M.dim() == 3 else M.shape[1] for M in (B, C) if M.dim() > 2]
     return len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= 64 and real_dtype == torch.float32
-
-
-def compute_dtypes(u, delta, A, B, C, D, z, delta_bias, initial) -> tuple[torch.dtype, torch.dtype]:
-    """(real, state): float32 at least, float64 where any argument is; the state's, the real dtype or its
-    complex type beside a complex A."""
-    real_dtype = torch.float32
-    for tensor in (u, delta, A, B, C, D, z, delta_bias, initial):
-        if tensor is not None:
-            real_dtype = torch.promote_types(real_dtype, _REAL_PART.get(tensor.dtype, tensor.dtype))
-    return real_dtype, _COMPLEX_OF[real_dtype] if A.is_complex() else real_dtype
-
-
-def _fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype: torch.dtype,
-           state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused kernels' call, on fused_operands."""
-    operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
-    out, last_state = fused(*operands[:8], delta_softplus, operands[8],
-                            None if cu_seqlens is None else cu_seqlens.contiguous())
-    return out.to(u.dtype), last_state
-
-
-def fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype: torch.dtype,
-                   state_dtype: torch.dtype) -> tuple[torch.Tensor | None, ...]:
-    """The fused ops' operands (u, delta, A, B, C, D, z, delta_bias, initial): the per-step operands in one dtype
-    (u's, delta's and z's common one, or float64 where any argument is), D and delta_bias in the real dtype
-    (float32, or float64), A and initial in the state dtype (that, or its complex type beside a complex A), B
-    and C varying as (batch, groups, n, length): in the state dtype for a complex A (interleaved pairs read as
-    complex numbers), else in the per-step or the real dtype. Shared by the scan and its decode step
-    (state_update.py), so that both compute from the same values."""
-    if real_dtype == torch.float64:
-        values = torch.float64
-    else:
-        values = u.dtype
-        for tensor in (delta, z):
-            if tensor is not None:
-                values = torch.promote_types(values, tensor.dtype)
-
-    def per_step(tensor):
-        return None if tensor is None else _contiguous_as(tensor, values)
-
-    def small(tensor, dtype=real_dtype):
-        return None if tensor is None else _contiguous_as(tensor, dtype)
-
-    def projection(M, dtype):
-        if state_dtype.is_complex:
-            return _as_operand(M, state_dtype, u.shape[-1])
-        return small(M, state_dtype) if M.dim() == 2 else _contiguous_as(M if M.dim() == 4 else M.unsqueeze(1), dtype)
-
-    varying = [M.dtype for M in (B, C) if M.dim() > 2]
-    wide = any(dtype != values for dtype in varying)
-    projection_dtype = real_dtype if wide else values
-    return (per_step(u), per_step(delta), small(A, state_dtype), projection(B, projection_dtype),
-            projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), small(initial, state_dtype))
-
-
-def _contiguous_as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """tensor in dtype, contiguous: itself where it is (no dispatch of a no-op .to and .contiguous, which is most
-    of a short call's host time in these conversions)."""
-    if tensor.dtype != dtype:
-        tensor = tensor.to(dtype)
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
-
-
-def _as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tensor:
-    """B or C in the compute dtype: fixed ones stay (d, n); time-varying ones become (batch, groups, n,
-    length), a shared one with groups = 1, interleaved (real, imag) pairs read as complex numbers."""
-    if M.dim() == 2:
-        return M.to(dtype).contiguous()
-    if M.dim() == 3:
-        M = M.unsqueeze(1)
-    if dtype.is_complex and not M.is_complex():
-        real = M.to(_REAL_PART[dtype]).contiguous()  # M itself where it is contiguous: no copy
-        # A complex view starts on a whole complex element; a traced call cannot read the offset.
-        if torch.compiler.is_compiling() or real.storage_offset() % 2:
-            real = real.clone()
-        return torch.view_as_complex(real.view(*real.shape[:-1], real.shape[-1] // 2, 2))
-    return M.to(dtype).contiguous()
 
 
 def _spread(delta_u: torch.Tensor, B: torch.Tensor) -> torch.Tensor:

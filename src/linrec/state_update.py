@@ -2,8 +2,8 @@
 arguments of mamba_ssm's ``selective_state_update``.
 
 The op (``torch.ops.linrec.selective_state_update``) runs the scan's arithmetic for one step, on the operands
-the scan would take (``ssm.fused_operands``), so that T steps give the bits of one scan of T steps wherever
-that scan walks time step by step: on the CPU always, and on the GPU where the fused scan runs its lane
+the scan would take (``_core.selective_scan.fused_operands``), so that T steps give the bits of one scan of T
+steps wherever that scan walks time step by step: on the CPU always, and on the GPU where the fused scan runs its lane
 kernels (a real float32 state, n <= 64, B and C varying with the same groups) on rows it does not split along
 time (docs/design.md, Fused selective scan).
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from ._core.checks import REAL_DTYPES, as_bool, check_device, check_dtype, check_tensor
-from .ssm import compute_dtypes, fused_operands, selective_scan
+from ._core.selective_scan import compute_dtypes, fused_operands
+from .ssm import selective_scan
 
 __all__ = ["selective_state_update"]
 

@@ -63,6 +63,104 @@ def _backward_fake(d_out, d_last_state, u, delta, A, B, C, D, z, delta_bias, del
             like(initial))
 
 
+# ----- the operands the ops take -------------------------------------------------------------------------
+# A complex dtype's real part (what dtype.to_real gives, which torch.compile does not trace), and back.
+REAL_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+COMPLEX_OF = {real: complex_dtype for complex_dtype, real in REAL_PART.items()}
+# The dtypes whose calls compute in float32 (no float64 or complex argument), for compute_dtypes' shortcut.
+_FLOAT32_COMPUTED = frozenset((torch.float32, torch.float16, torch.bfloat16))
+
+
+def compute_dtypes(u, delta, A, B, C, D, z, delta_bias, initial) -> tuple[torch.dtype, torch.dtype]:
+    """(real, state): float32 at least, float64 where any argument is; the state's, the real dtype or its
+    complex type beside a complex A."""
+    arguments = (u, delta, A, B, C, D, z, delta_bias, initial)
+    if all(tensor is None or tensor.dtype in _FLOAT32_COMPUTED for tensor in arguments):
+        return torch.float32, torch.float32
+    real_dtype = torch.float32
+    for tensor in arguments:
+        if tensor is not None:
+            real_dtype = torch.promote_types(real_dtype, REAL_PART.get(tensor.dtype, tensor.dtype))
+    return real_dtype, COMPLEX_OF[real_dtype] if A.is_complex() else real_dtype
+
+
+def contiguous_as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """tensor in dtype, contiguous: itself where it is (no dispatch of a no-op .to and .contiguous, which is most
+    of a short call's host time in these conversions)."""
+    if tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def as_operand(M: torch.Tensor, dtype: torch.dtype, length: int) -> torch.Tensor:
+    """B or C in the compute dtype: fixed ones stay (d, n); time-varying ones become (batch, groups, n,
+    length), a shared one with groups = 1, interleaved (real, imag) pairs read as complex numbers."""
+    if M.dim() == 2:
+        return contiguous_as(M, dtype)
+    if M.dim() == 3:
+        M = M.unsqueeze(1)
+    if dtype.is_complex and not M.is_complex():
+        real = contiguous_as(M, REAL_PART[dtype])  # M itself where it is contiguous: no copy
+        # A complex view starts on a whole complex element; a traced call cannot read the offset.
+        if torch.compiler.is_compiling() or real.storage_offset() % 2:
+            real = real.clone()
+        return torch.view_as_complex(real.view(*real.shape[:-1], real.shape[-1] // 2, 2))
+    return contiguous_as(M, dtype)
+
+
+def fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype: torch.dtype,
+                   state_dtype: torch.dtype) -> tuple[torch.Tensor | None, ...]:
+    """The fused ops' operands (u, delta, A, B, C, D, z, delta_bias, initial): the per-step operands in one dtype
+    (u's, delta's and z's common one, or float64 where any argument is), D and delta_bias in the real dtype
+    (float32, or float64), A and initial in the state dtype (that, or its complex type beside a complex A), B
+    and C varying as (batch, groups, n, length): in the state dtype for a complex A (interleaved pairs read as
+    complex numbers), else in the per-step or the real dtype. Shared by the scan and its decode step
+    (linrec.selective_state_update), so that both compute from the same values."""
+    if real_dtype == torch.float64:
+        values = torch.float64
+    else:
+        values = u.dtype
+        for tensor in (delta, z):
+            if tensor is not None and tensor.dtype != values:
+                values = torch.promote_types(values, tensor.dtype)
+
+    def per_step(tensor):
+        return None if tensor is None else contiguous_as(tensor, values)
+
+    def small(tensor, dtype=real_dtype):
+        return None if tensor is None else contiguous_as(tensor, dtype)
+
+    def projection(M, dtype):
+        if state_dtype.is_complex:
+            return as_operand(M, state_dtype, u.shape[-1])
+        return small(M, state_dtype) if M.dim() == 2 else contiguous_as(M if M.dim() == 4 else M.unsqueeze(1), dtype)
+
+    wide = any(M.dim() > 2 and M.dtype != values for M in (B, C))
+    projection_dtype = real_dtype if wide else values
+    return (per_step(u), per_step(delta), small(A, state_dtype), projection(B, projection_dtype),
+            projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), small(initial, state_dtype))
+
+
+def layout_of(argument: torch.Tensor | None) -> tuple[int, bool] | None:
+    """What as_argument reads of an argument: its dims and whether it is complex."""
+    return None if argument is None else (argument.dim(), argument.is_complex())
+
+
+def as_argument(gradient: torch.Tensor | None, layout: tuple[int, bool] | None) -> torch.Tensor | None:
+    """The gradient of an operand (fused_operands') in its argument's layout (layout_of): a real
+    argument's part of a complex state's gradient (interleaved (real, imag) pairs for a varying B or C, the
+    real part for any other), a shared B's or C's (batch, n, length). Its dtype is left to autograd, which
+    casts a gradient to its input's."""
+    if gradient is None or layout is None:
+        return gradient
+    dims, is_complex = layout
+    varying = dims > 2 and gradient.dim() == 4  # a B or C along time
+    if gradient.is_complex() and not is_complex:
+        gradient = torch.view_as_real(gradient).flatten(-2) if varying else gradient.real
+    return gradient.squeeze(1) if varying and dims == 3 else gradient
+
+
+# ----- the forward op's autograd ----------------------------------------------------------------------------
 _INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus", "initial", "cu_seqlens")
 
 
@@ -108,26 +206,41 @@ def _backward_below_autograd(*arguments):
 
 
 class _Fused(_SingleLevelFunction):
-    """The forward op's Autograd kernel's work at the plain autograd level (``autograd.direct``), done here
-    without the dispatcher's call into the registered kernel, which costs a short call about half its
-    host time: the same saved tensors and gradients. The backward op is called below the Autograd key
-    unless the backward records a graph (``create_graph``), where its own Autograd kernel refuses a
+    """linrec.selective_scan's fused call at the plain autograd level (``autograd.direct``), from the caller's
+    tensors: their conversions to the ops' operands (fused_operands), the forward op (called below the
+    Autograd key, without the dispatcher's call into its registered Autograd kernel) and the output's
+    conversion back to u's dtype, recorded as one node, whose backward gives the gradients in the
+    arguments' layouts (as_argument). The ops' saved tensors and gradients are those of the op's
+    registered Autograd kernel (_setup_context, _gradients). The backward op is called below the Autograd
+    key unless the backward records a graph (``create_graph``), where its own Autograd kernel refuses a
     second derivative."""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
+                state_dtype):
+        operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
+        inputs = (*operands[:8], delta_softplus, operands[8], cu_seqlens)
         with torch._C._AutoDispatchBelowAutograd():
-            output = _FORWARD(*inputs)
-        _setup_context(ctx, inputs, output)
-        # An unused output's gradient stays None: zeros of the checkpoints' and the last state's shapes
-        # would cost a fill each, and the backward op takes no last-state gradient as zero.
+            out, checkpoints, last_state = _FORWARD(*inputs)
+        ctx.delta_softplus = delta_softplus
+        ctx.out_dtype = out.dtype  # the backward op's d_out's
+        ctx.save_for_backward(*(value for name, value in zip(_INPUTS, inputs) if name != "delta_softplus"),
+                              checkpoints)
+        # The layouts of the arguments whose gradients may differ from their operands' (as_argument).
+        ctx.layouts = (None, None, layout_of(A), layout_of(B), layout_of(C), None, None, None, None,
+                       layout_of(initial), None)
+        # An unused output's gradient stays None: zeros of the last state's shape would cost a fill, and the
+        # backward op takes no last-state gradient as zero.
         ctx.set_materialize_grads(False)
-        return output
+        return (out if out.dtype == u.dtype else out.to(u.dtype)), last_state
 
     @staticmethod
-    def backward(ctx, d_out, _d_checkpoints, d_last_state):
+    def backward(ctx, d_out, d_last_state):
         backward_op = _BACKWARD if torch.is_grad_enabled() else _backward_below_autograd
-        return _gradients(ctx, d_out, d_last_state, backward_op)
+        if d_out is not None:
+            d_out = contiguous_as(d_out, ctx.out_dtype)
+        grads = _gradients(ctx, d_out, d_last_state, backward_op)
+        return (*map(as_argument, grads, ctx.layouts), None, None)
 
 
 torch.library.register_autograd("linrec::selective_scan_forward", _backward, setup_context=_setup_context)
@@ -180,15 +293,18 @@ def runs_fused(backend: str, device: torch.device, sums_in_fixed_order: bool) ->
     return torch.compiler.is_compiling() or cuda_device_problem(index) is None
 
 
-def fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens):
-    """The forward op with autograd: (out, last_state)."""
-    arguments = (u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens)
+def fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype: torch.dtype,
+          state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward op with autograd, on the caller's tensors: (out in u's dtype, last_state)."""
     tensors = (u, delta, A, B, C, D, z, delta_bias, initial, cu_seqlens)
-    if not direct(tensors):
-        out, _checkpoints, last_state = _FORWARD(*arguments)
-    elif records(tensors):
-        out, _checkpoints, last_state = _Fused.apply(*arguments)
-    else:
+    if direct(tensors) and records(tensors):
+        return _Fused.apply(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
+                            state_dtype)
+    operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
+    arguments = (*operands[:8], delta_softplus, operands[8], cu_seqlens)
+    if direct(tensors):
         with torch._C._AutoDispatchBelowAutograd():
             out, _checkpoints, last_state = _FORWARD(*arguments)
-    return out, last_state
+    else:
+        out, _checkpoints, last_state = _FORWARD(*arguments)
+    return (out if out.dtype == u.dtype else out.to(u.dtype)), last_state

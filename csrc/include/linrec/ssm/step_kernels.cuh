@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) lane_step_kernel(const StateUpdatePa
     C[i] = i < valid ? projection_value<W, float>(p.C, C_first + i) : 0.0f;
   }
   const StepOperands<T, float> step(p, active ? row : 0, active && p.delta_bias ? static_cast<const float*>(p.delta_bias)[k] : 0.0f);
-  const float lane_chain = lanes::recur<4>(h, A2, step.dt, step.dtu, B, C);
+  const float lane_chain = lanes::recur<4, true>(h, A2, step.dt, step.dtu, B, C, valid);
   if (s >= 0) {
     if (vector) {
       *reinterpret_cast<float4*>(state) = make_float4(h[0], h[1], h[2], h[3]);

@@ -63,6 +63,11 @@ struct Place {
   }
 
   __device__ __forceinline__ int state(int i) const { return lane * Policy::kStates + i; }
+  // How many of the lane's state dims lie below n (the rest are padding).
+  __device__ __forceinline__ int dims_below(int64_t n) const {
+    const int64_t dims = n - state(0);
+    return dims <= 0 ? 0 : dims >= Policy::kStates ? Policy::kStates : static_cast<int>(dims);
+  }
   __device__ __forceinline__ int share_offset() const { return lane * Policy::kShare; }
   __device__ __forceinline__ int64_t share_begin(int64_t t0) const { return t0 + share_offset(); }
 };

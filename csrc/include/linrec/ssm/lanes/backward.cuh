@@ -110,6 +110,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
   const auto& A2 = constants.A2;
   const auto& lane_projections = constants.projections;
   const float bias = constants.bias, D = constants.D;
+  const int dims = at.dims_below(n);
+  const int lanes_below = static_cast<int>((n + kStates - 1) / kStates);  // the lanes holding dims below n
   if (!Ends && segment.index == 0) ch.copy_empty_sequences(p.d_last_state, p.d_initial);
 
   // The reverse walk: the sequence of the current step and its first step; the adjoint carried back
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         const float4 step = steps[t];
         float b[kStates], c[kStates];
         lane_projections.at(tile, t, at.state(0), b, c);
-        step_dims<kStates>(h, A2, step.x, step.y, b, c);
+        step_dims<kStates, Policy::kPartialLanes>(h, A2, step.x, step.y, b, c, dims);
       }
     } else {
       // The tile's states again, in registers, with the ungated output's per-lane terms and C's gradient.
@@ -237,8 +239,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
         const float4 step = steps[t];
         float b[kStates], c[kStates];
         lane_projections.at(tile, t, at.state(0), b, c);
-        const float lane_chain = step_dims<kStates>(x, A2, step.x, step.y, b, c);
-        shared.partial[0][t][threadIdx.x] = output_term<Policy>(lane_chain, x);
+        const float lane_chain = step_dims<kStates, Policy::kPartialLanes>(x, A2, step.x, step.y, b, c, dims);
+        shared.partial[0][t][threadIdx.x] = output_term<Policy>(lane_chain, x, dims);
         float terms[kStates];
         #pragma unroll
         for (int i = 0; i < kStates; ++i) {
@@ -287,8 +289,10 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
           const float g = dy * c[i] + carried[i];   // the adjoint of the state after the step
           const float g_decayed = g * a * prior[i];  // d / d(dt A) of the step
           d_A[i] += g_decayed * dt;
-          r_step += g_decayed * A[i];
-          q_step += g * b[i];
+          if (!Policy::kPartialLanes || i < dims) {  // a partial lane's dims past n left out (chain)
+            r_step += g_decayed * A[i];
+            q_step += g * b[i];
+          }
           terms[i] = at.active ? g * dtu : 0.0f;
           carried[i] = a * g;
         }
@@ -307,8 +311,10 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
       __syncthreads();
       if constexpr (!Fixed) add_terms<Policy>(shared.terms, d_B, n, t0, length, p.vectorized, store_terms);
       float q_sum[kShare], r_sum[kShare], d_u[kShare], d_delta[kShare], d_z[kShare];
-      sum_share<Policy>(shared.partial[0], at, q_sum);
-      sum_share<Policy>(shared.partial[1], at, r_sum);
+      // Lanes past n (NaN at an infinite dt or dt u) count as 0; a partial lane's sums left its dims past
+      // n out above.
+      sum_share<Policy>(shared.partial[0], at, q_sum, lanes_below);
+      sum_share<Policy>(shared.partial[1], at, r_sum, lanes_below);
       #pragma unroll
       for (int i = 0; i < kShare; ++i) {
         const int offset = at.share_offset() + i;

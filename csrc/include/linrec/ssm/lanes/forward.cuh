@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
   const auto& A2 = constants.A2;
   const auto& lane_projections = constants.projections;
   const float bias = constants.bias, D = constants.D;
+  const int dims = at.dims_below(n);
   if (!Ends && segment.index == 0) ch.copy_empty_sequences(p.initial, p.last_state);
   ForwardWalk<Packed> walk(ch, segment.begin);
   float h[kStates];
@@ -112,8 +113,8 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
       const float2 step = shared.steps[buffer][at.slot][t];
       float b[kStates], c[kStates];
       lane_projections.at(shared.projections[tile_buffer], t, at.state(0), b, c);
-      const float y = step_dims<kStates>(h, A2, step.x, step.y, b, c);
-      if constexpr (!Ends) shared.partial[t][threadIdx.x] = output_term<Policy>(y, h);
+      const float y = step_dims<kStates, Policy::kPartialLanes>(h, A2, step.x, step.y, b, c, dims);
+      if constexpr (!Ends) shared.partial[t][threadIdx.x] = output_term<Policy>(y, h, dims);
     }
 
     if constexpr (!Ends) {

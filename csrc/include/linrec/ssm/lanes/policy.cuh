@@ -34,10 +34,14 @@
 
 namespace linrec::ssm::lanes {
 
-template <int Lanes, int States, int Warps = 4>
+template <int Lanes, int States, int Warps = 4, bool PartialLanes = false>
 struct Policy {
   static constexpr int kLanes = Lanes;                  // lanes per channel
   static constexpr int kStates = States;                // state dims per lane
+  // Whether a lane may hold state dims both below and past n (n not a multiple of kStates): its sums
+  // over its dims then leave the ones past n out one by one (chain), where otherwise a lane's dims are
+  // all below n or all past it, and whole lanes are left out.
+  static constexpr bool kPartialLanes = PartialLanes;
   static constexpr int kMaxStates = kLanes * kStates;   // the largest n
   static constexpr int kSteps = 16;                     // steps per tile
   static constexpr int kShare = kSteps / kLanes;        // a lane's steps of its channel's per-step work
@@ -68,24 +72,35 @@ int64_t blocks_of(const ForwardParams& p) {
   return p.batch * p.B.groups * blocks_per_group<Policy>(p);
 }
 
+// Calls body.template operator()<Policy>() for Policy<Lanes, 4> (with partial lanes where n is not a
+// multiple of 4), or, where the plan chose them and `Wide` allows them, its blocks of eight warps.
+template <bool Wide, int Lanes, typename Body>
+void with_width(LanePolicy policy, int64_t n, Body& body) {
+  const auto with_lanes = [&]<int Warps>() {
+    if (n % 4 != 0) body.template operator()<Policy<Lanes, 4, Warps, true>>();
+    else body.template operator()<Policy<Lanes, 4, Warps>>();
+  };
+  if constexpr (Wide) {
+    if (policy == LanePolicy::Wide) return with_lanes.template operator()<8>();
+  }
+  with_lanes.template operator()<4>();
+}
+
 // Calls body.template operator()<Policy>() for a plan's policy (ssm::LanePolicy). Narrow: one state dim
 // a lane and four lanes a channel up to n = 4, four state dims a lane and four lanes a channel up to 16,
-// sixteen lanes up to 64; a lane's step costs an exp2 per state dim it holds, state dims past n
-// included. (Eight lanes of one state dim for n <= 8 took 1.3-1.6 times as long as four of four on an
-// H200: each lane's per-step work and the per-step sums over twice the lanes.) Wide: the forward's
+// eight lanes up to 32, sixteen up to 64. A lane's step costs an exp2 per state dim it holds, state dims
+// past n included: on sixteen lanes, bfloat16 8 x 2048 x n x 2048 took 1.15 ms forward at n = 24 and 32,
+// as at n = 64 (H200). Eight lanes of one state dim for n <= 8 took 1.3-1.6 times as long as four of
+// four: each lane's per-step work and the per-step sums over twice the lanes. Wide: the forward's
 // blocks of eight warps above n = 16, twice the channels for one tile of B and C. Single: one state dim
 // a lane and sixteen lanes a channel, for short rows of few channels. The backward has no Wide policy.
 template <bool Backward, typename Body>
 void with_policy(LanePolicy policy, int64_t n, Body&& body) {
   if (policy == LanePolicy::Single) body.template operator()<Policy<16, 1>>();
   else if (n <= 4) body.template operator()<Policy<4, 1>>();
-  else if (n <= 16) body.template operator()<Policy<4, 4>>();
-  else if constexpr (!Backward) {
-    if (policy == LanePolicy::Wide) body.template operator()<Policy<16, 4, 8>>();
-    else body.template operator()<Policy<16, 4>>();
-  } else {
-    body.template operator()<Policy<16, 4>>();
-  }
+  else if (n <= 16) with_width<false, 4>(policy, n, body);
+  else if (n <= 32) with_width<!Backward, 8>(policy, n, body);
+  else with_width<!Backward, 16>(policy, n, body);
 }
 
 // Whether the family takes a call: B and C both varying with the same groups, or both fixed (d, n),

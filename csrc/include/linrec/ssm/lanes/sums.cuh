@@ -9,33 +9,40 @@
 
 namespace linrec::ssm::lanes {
 
-// sum_j c_j h_j as a chain of multiply-adds from 0, dim by dim: a lane's four state dims in recur, and
-// every run of four in sum_outputs, so that the outputs take one order under every policy.
-template <int States>
-__device__ __forceinline__ float chain(const float (&c)[States], const float (&h)[States]) {
+// sum_j c_j h_j over the first `dims` of the lane's state dims (those below n), as a chain of
+// multiply-adds from 0, dim by dim: a lane's four state dims in recur, and every run of four in
+// sum_outputs, so that the outputs take one order under every policy. The dims past n are left out,
+// not added as 0 * h: an infinite dt or dt u turns their state NaN (inf * 0), which the loop has no
+// dim to hold. Partial: dims may lie between 0 and States, each dim tested (a predicate per dim and
+// step, about a tenth more instructions in the forward's step); else it is 0 or States, the chain
+// dropped whole.
+template <int States, bool Partial>
+__device__ __forceinline__ float chain(const float (&c)[States], const float (&h)[States], int dims) {
   float y = 0.0f;
   #pragma unroll
-  for (int i = 0; i < States; ++i) y = fmaf(c[i], h[i], y);
-  return y;
+  for (int i = 0; i < States; ++i)
+    if (!Partial || i < dims) y = fmaf(c[i], h[i], y);
+  return Partial || dims > 0 ? y : 0.0f;
 }
 
-// One step of the lane's state dims: h = exp(dt * A) h + dt u b; returns sum_j c_j h_j (chain).
-template <int States>
+// One step of the lane's state dims: h = exp(dt * A) h + dt u b; returns sum_j c_j h_j over its first
+// `dims` (chain).
+template <int States, bool Partial>
 __device__ __forceinline__ float step_dims(float (&h)[States], const float (&A2)[States], float dt, float dtu,
-                                           const float (&b)[States], const float (&c)[States]) {
+                                           const float (&b)[States], const float (&c)[States], int dims) {
   #pragma unroll
   for (int i = 0; i < States; ++i) h[i] = fmaf(decay_from_log2(dt, A2[i]), h[i], dtu * b[i]);
-  return chain<States>(c, h);
+  return chain<States, Partial>(c, h, dims);
 }
 
 // step_dims with the step's B and C read from shared memory.
-template <int States>
+template <int States, bool Partial>
 __device__ __forceinline__ float recur(float (&h)[States], const float (&A2)[States], float dt, float dtu,
-                                       const float* B, const float* C) {
+                                       const float* B, const float* C, int dims) {
   float b[States], c[States];
   load_floats<States>(B, b);
   load_floats<States>(C, c);
-  return step_dims<States>(h, A2, dt, dtu, b, c);
+  return step_dims<States, Partial>(h, A2, dt, dtu, b, c, dims);
 }
 
 // Where a lane reads a step's B and C over its state dims: the block's tile of its group in shared
@@ -113,10 +120,11 @@ template <typename Policy>
 using LanePartials = float[Policy::kSteps][Policy::kThreads + 4];
 
 // Adds up a tile's per-lane partial sums of the thread's channel per step, for the lane's share of the
-// steps, in a fixed order: quads of lanes in turn, the two pairs of each added first.
+// steps, in a fixed order: quads of lanes in turn, the two pairs of each added first. The lanes from
+// `lanes` on (those past n) count as 0.
 template <typename Policy>
 __device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, const Place<Policy>& at,
-                                          float (&sums)[Policy::kShare]) {
+                                          float (&sums)[Policy::kShare], int lanes = Policy::kLanes) {
   const int first = at.slot * Policy::kLanes;
   #pragma unroll
   for (int i = 0; i < Policy::kShare; ++i) {
@@ -125,16 +133,19 @@ __device__ __forceinline__ void sum_share(const LanePartials<Policy>& partials, 
     for (int quad = 0; quad < Policy::kLanes / 4; ++quad) {
       float values[4];
       load_floats<4>(&partials[at.share_offset() + i][first + 4 * quad], values);
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) values[e] = 4 * quad + e < lanes ? values[e] : 0.0f;
       sums[i] += (values[0] + values[1]) + (values[2] + values[3]);
     }
   }
 }
 
 // What a lane leaves for its channel's output sum at a step: the chain over its four state dims
-// (recur's result), or, with one state dim a lane, the state itself, which sum_outputs chains.
+// (recur's result), or, with one state dim a lane, the state itself, which sum_outputs chains (0 for a
+// lane past n: chain).
 template <typename Policy>
-__device__ __forceinline__ float output_term(float lane_chain, const float (&h)[Policy::kStates]) {
-  if constexpr (Policy::kStates == 1) return h[0];
+__device__ __forceinline__ float output_term(float lane_chain, const float (&h)[Policy::kStates], int dims) {
+  if constexpr (Policy::kStates == 1) return dims > 0 ? h[0] : 0.0f;
   else return lane_chain;
 }
 
@@ -164,7 +175,7 @@ __device__ __forceinline__ void sum_outputs(const LanePartials<Policy>& partials
         float h[4], c[4];
         load_floats<4>(&partials[t][first + 4 * r], h);
         load_floats<4>(C + t * step_stride + 4 * r, c);
-        runs[r] = chain<4>(c, h);
+        runs[r] = chain<4, false>(c, h, 4);  // lanes past n left 0 (output_term)
       }
       sums[i] = 0.0f;
       sums[i] += (runs[0] + runs[1]) + (runs[2] + runs[3]);
