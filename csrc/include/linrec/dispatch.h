@@ -42,6 +42,23 @@ void dispatch_dtypes(DType dtype, DType coeff_dtype, Body&& body) {
   });
 }
 
+// Calls body.template operator()<T, W, S>() with the fused selective scan's element types: T of u, delta,
+// z and out (real); S of the state, accumulator_t<T> or, beside a complex A (`state` complex), its
+// complex type; W of varying B and C: T, or S where they are wider than T (`wide`: float32 beside 16-bit
+// T) or complex.
+template <typename Half, typename BFloat16, typename Body>
+void dispatch_scan_types(DType values, DType state, bool wide, Body&& body) {
+  dispatch_dtype<Half, BFloat16>(values, [&]<typename T>() {
+    if constexpr (!is_complex<T>::value) {
+      using S = accumulator_t<T>;
+      if (is_complex_dtype(state)) body.template operator()<T, Complex<S>, Complex<S>>();
+      else if constexpr (std::is_same_v<T, S>) body.template operator()<T, T, S>();
+      else if (wide) body.template operator()<T, S, S>();
+      else body.template operator()<T, T, S>();
+    }
+  });
+}
+
 // Calls body.template operator()<Configs[index]>(): a plan's config (Plan::config) as a compile-time
 // value.
 template <auto Configs, typename Body>

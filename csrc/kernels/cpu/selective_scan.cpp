@@ -20,16 +20,13 @@ namespace linrec::ssm {
 namespace {
 
 // Calls body.template operator()<T, S>() for the call's element type T and state type S (real, or
-// complex beside a complex A).
+// complex beside a complex A): dispatch_scan_types' T and S (the CPU reads B and C in either dtype).
 template <typename Body>
 void dispatch_values(const ForwardParams& params, Body&& body) {
-  dispatch_dtype<c10::Half, c10::BFloat16>(params.dtype, [&]<typename T>() {
-    if constexpr (!is_complex<T>::value) {
-      using R = accumulator_t<T>;
-      if (is_complex_dtype(params.state_dtype)) body.template operator()<T, Complex<R>>();
-      else body.template operator()<T, R>();
-    }
-  });
+  dispatch_scan_types<c10::Half, c10::BFloat16>(params.dtype, params.state_dtype, false,
+                                                [&]<typename T, typename W, typename S>() {
+                                                  body.template operator()<T, S>();
+                                                });
 }
 
 // The lanes' vectors: at most 32 bytes (8 float32 channels), also under AVX-512, whose 64-byte vectors

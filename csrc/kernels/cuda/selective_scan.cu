@@ -22,20 +22,12 @@ namespace linrec::cuda {
 namespace {
 
 
-// Calls body.template operator()<T, W, S>() for the call's element types.
+// Calls body.template operator()<T, W, S>() for the call's element types (dispatch_scan_types). Varying B
+// and C share one dtype (the op layer checks it).
 template <typename Body>
 void dispatch_types(const ssm::ForwardParams& params, Body&& body) {
-  dispatch_dtype<__half, __nv_bfloat16>(params.dtype, [&]<typename T>() {
-    if constexpr (!is_complex<T>::value) {
-      using S = accumulator_t<T>;
-      // Varying B and C share one dtype (the op layer checks it): a complex state's is S.
-      const bool wide = (params.B.varying && params.B.wide) || (params.C.varying && params.C.wide);
-      if (is_complex_dtype(params.state_dtype)) body.template operator()<T, Complex<S>, Complex<S>>();
-      else if constexpr (std::is_same_v<T, S>) body.template operator()<T, T, S>();
-      else if (wide) body.template operator()<T, S, S>();
-      else body.template operator()<T, T, S>();
-    }
-  });
+  const bool wide = (params.B.varying && params.B.wide) || (params.C.varying && params.C.wide);
+  dispatch_scan_types<__half, __nv_bfloat16>(params.dtype, params.state_dtype, wide, body);
 }
 
 // Raises `kernel`'s dynamic shared memory limit where it asks for more than the default 48 KB, after
@@ -123,10 +115,16 @@ Params split_as(const ssm::Plan& plan, const Params& params) {
   return split;
 }
 
+// The family that runs a call (ssm::Plan::family): the lane kernels where they take it.
+ssm::Family family_of(const ssm::ForwardParams& params) {
+  return ssm::lanes::takes(params) ? ssm::Family::Lanes : ssm::Family::Blocks;
+}
+
 }  // namespace
 
 ssm::Plan make_plan(const ssm::ForwardParams& params) {
   ssm::Plan plan;
+  plan.family = family_of(params);
   ssm::lanes::choose_plan<false>(params, plan);
   // The segments' end states and decay products, [2][segments - 1][batch * d][n].
   plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
@@ -135,12 +133,13 @@ ssm::Plan make_plan(const ssm::ForwardParams& params) {
 
 ssm::Plan make_plan(const ssm::BackwardParams& params) {
   ssm::Plan plan;
+  plan.family = family_of(params);
   ssm::lanes::choose_plan<true>(params, plan);
   const bool varying = params.B.varying || params.C.varying;
   if (params.deterministic && varying) {
     // The lane kernels sum each block's terms over its channels in a fixed order; the blocks' sums are
     // then added in block order. The block kernels add varying terms atomically.
-    if (!ssm::lanes::takes(params))
+    if (plan.family != ssm::Family::Lanes)
       throw std::invalid_argument(
           "linrec.selective_scan_backward: deterministic sums of a varying B's or C's gradient on the GPU need B "
           "and C varying with the same groups, n <= 64 and a float32 state, got n = " + std::to_string(params.n) +
@@ -154,7 +153,7 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
 }
 
 void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_t stream) {
-  if (ssm::lanes::takes(params)) {
+  if (plan.family == ssm::Family::Lanes) {
     const ssm::ForwardParams split = split_as(plan, params);
     dispatch_lanes<false>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed, bool Fixed>() {
       if (plan.segments > 1)
@@ -176,7 +175,7 @@ void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_
 }
 
 void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream_t stream) {
-  if (ssm::lanes::takes(params)) {
+  if (plan.family == ssm::Family::Lanes) {
     const ssm::BackwardParams split = split_as(plan, params);
     dispatch_lanes<true>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed, bool Fixed>() {
       constexpr int64_t kShared = sizeof(ssm::lanes::BackwardShared<Policy, Fixed>);

@@ -109,11 +109,16 @@ struct Sequences {
 // of eight (Wide).
 enum class LanePolicy : int8_t { Single, Narrow, Wide };
 
-// How a call runs on the GPU: the lane kernels' policy; its rows split along time into `segments` of
-// `segment_chunks` chunks; in a deterministic backward, the blocks of channels whose varying B and C
-// gradient terms are kept apart and summed in a fixed order (0: added across blocks atomically); and
-// the zeroed workspace that takes (bytes, 16-byte aligned).
+// The GPU's kernel families of the fused scan: the lane kernels (ssm/lanes/: Mamba's operands) or the
+// block kernels (ssm/blocks/: the other calls).
+enum class Family : int8_t { Lanes, Blocks };
+
+// How a call runs on the GPU: its kernel family; the lane kernels' policy; its rows split along time into
+// `segments` of `segment_chunks` chunks; in a deterministic backward, the blocks of channels whose varying
+// B and C gradient terms are kept apart and summed in a fixed order (0: added across blocks atomically);
+// and the zeroed workspace that takes (bytes, 16-byte aligned).
 struct Plan {
+  Family family = Family::Blocks;
   LanePolicy lane_policy = LanePolicy::Narrow;
   int64_t segments = 1, segment_chunks = 0;
   int64_t channel_blocks = 0;
