@@ -518,7 +518,10 @@ LANE_LENGTHS = [1, 15, 16, 17, 511, 512, 513, 1100]
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels(device, seed, n, length, projections):
     """Tiles and chunks, state dims that leave a lane's last ones unused (whole lanes: 3, 24, 40; part of a
-    lane: 29), with an initial state; on the GPU, every policy of four state dims a lane."""
+    lane: 29), with an initial state; on the GPU, every policy of four state dims a lane. The CPU runs the
+    same loop for every n: n = 24 and 29 add nothing there."""
+    if device == "cpu" and n in (24, 29):
+        pytest.skip("a policy of the GPU's kernels")
     arguments, options = make_arguments(device, torch.float32, False, projections, projections, length=length,
                                         batch=1, d=6, n=n, groups=2)
     arguments["initial"] = _initial(arguments, 1, device)
