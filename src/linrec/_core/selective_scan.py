@@ -167,10 +167,16 @@ _INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus"
 _TENSOR_INPUTS = tuple(name for name in _INPUTS if name != "delta_softplus")
 
 
-def _setup_context(ctx, inputs, output):
+def _save(ctx, inputs, checkpoints) -> None:
+    """What the backward op reads of a forward call with these 11 inputs: its tensors, the checkpoints and
+    delta_softplus (_gradients)."""
     arguments = dict(zip(_INPUTS, inputs))
     ctx.delta_softplus = arguments["delta_softplus"]
-    ctx.save_for_backward(*(arguments[name] for name in _TENSOR_INPUTS), output[1])
+    ctx.save_for_backward(*(arguments[name] for name in _TENSOR_INPUTS), checkpoints)
+
+
+def _setup_context(ctx, inputs, output):
+    _save(ctx, inputs, output[1])
     ctx.mark_non_differentiable(output[1])
 
 
@@ -222,10 +228,8 @@ class _Fused(_SingleLevelFunction):
         inputs = (*operands[:8], delta_softplus, operands[8], cu_seqlens)
         with torch._C._AutoDispatchBelowAutograd():
             out, checkpoints, last_state = _FORWARD(*inputs)
-        ctx.delta_softplus = delta_softplus
+        _save(ctx, inputs, checkpoints)
         ctx.out_dtype = out.dtype  # the backward op's d_out's
-        ctx.save_for_backward(*(value for name, value in zip(_INPUTS, inputs) if name != "delta_softplus"),
-                              checkpoints)
         # The layouts of the arguments whose gradients may differ from their operands' (as_argument).
         ctx.layouts = (None, None, layout_of(A), layout_of(B), layout_of(C), None, None, None, None,
                        layout_of(initial), None)
@@ -297,12 +301,13 @@ def fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqle
           state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward op with autograd, on the caller's tensors: (out in u's dtype, last_state)."""
     tensors = (u, delta, A, B, C, D, z, delta_bias, initial, cu_seqlens)
-    if direct(tensors) and records(tensors):
+    at_plain_level = direct(tensors)
+    if at_plain_level and records(tensors):
         return _Fused.apply(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
                             state_dtype)
     operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
     arguments = (*operands[:8], delta_softplus, operands[8], cu_seqlens)
-    if direct(tensors):
+    if at_plain_level:  # nothing to record: the kernel below the Autograd key
         with torch._C._AutoDispatchBelowAutograd():
             out, _checkpoints, last_state = _FORWARD(*arguments)
     else:
