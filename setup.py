@@ -276,9 +276,11 @@ def choose_cuda_archs() -> tuple[str | None, str]:
 
 
 def native_libraries() -> list[NativeLibrary]:
-    libraries = [NativeLibrary("linrec._C", ["csrc/kernels/schemas.cpp", "csrc/kernels/cpu/linrec_cpu.cpp",
+    # The longest compiles first (the rows family's two orders), so that the pool ends together.
+    libraries = [NativeLibrary("linrec._C", ["csrc/kernels/cpu/rows_ascending.cpp", "csrc/kernels/cpu/rows_descending.cpp",
                                                 "csrc/kernels/cpu/forward.cpp", "csrc/kernels/cpu/backward.cpp",
-                                                "csrc/kernels/cpu/selective_scan.cpp"])]
+                                                "csrc/kernels/cpu/selective_scan.cpp", "csrc/kernels/schemas.cpp",
+                                                "csrc/kernels/cpu/linrec_cpu.cpp"])]
     if os.environ.get("LINREC_NO_CUDA", "0") not in ("", "0"):
         _log("LINREC_NO_CUDA is set: building the CPU kernels only")
         return libraries

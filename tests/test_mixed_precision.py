@@ -149,7 +149,7 @@ def test_float32_decays_near_1_keep_their_accuracy(device, seed, backend):
     """The issue's case: decays in [0.999, 1), which bfloat16 stores as exactly 1 (the recurrence then
     sums every input, a relative error of order 1), read in float32 with bfloat16 inputs."""
     _skip_unless_runs(backend, device)
-    inputs = random_values((1, 4096, 8), torch.bfloat16, device)
+    inputs = random_values((1, 2048, 8), torch.bfloat16, device)
     decays = (0.999 + 0.001 * torch.rand(inputs.shape, device=device)).clamp_max(1 - 2**-24)
     assert (decays.bfloat16() == 1).all()
     outputs = linrec.linrec(inputs, decays, dim=1, backend=backend)
@@ -206,6 +206,9 @@ def test_derivatives_of_every_order(device, seed, dtype, float32_args, backend):
     in its argument's dtype. Several rounded stages: twice TOLERANCE of max |reference| (at most 1.2 of
     one seen over 400 seeds), and twice that where Triton's interpreter truncates to bfloat16."""
     _skip_unless_runs(backend, device)
+    if backend == "triton" and _triton_interpreted(device) and (dtype == torch.bfloat16) != (len(float32_args) == 1):
+        # Triton's interpreter takes half a minute a case: each mix runs once, with both 16-bit types among them.
+        pytest.skip("the interpreter runs bfloat16 with one float32 argument, float16 with both")
     inputs, coeffs, kwargs = _operands("packed_log_per_channel", dtype, float32_args, device)
     kwargs["reverse"] = True
     primals = (inputs, coeffs, kwargs.pop("initial"))

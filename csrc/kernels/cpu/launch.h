@@ -12,7 +12,8 @@
 // The vector kernels run on the widest instruction set the CPU has (cpu/isa.h). Every family reads
 // coeffs and initial, and writes their gradients, in their own element type C: the inputs' T, or
 // float32 beside 16-bit inputs (mixed precision: params.h's coeff_dtype). The forward (forward.cpp)
-// and the backward (backward.cpp) are separate translation units, compiled in parallel.
+// and the backward (backward.cpp) are separate translation units, and so is each order of the rows
+// family (rows.h), compiled in parallel.
 #pragma once
 
 #include <torch/csrc/stable/ops.h>
@@ -40,6 +41,14 @@ using cpu::Order;
 // The ops' kernels (registered in linrec_cpu.cpp).
 void forward(const ForwardParams& params, const Tensor& workspace);
 void backward(const BackwardParams& params, const Tensor& workspace);
+
+// The rows family in one order O of its scan (the backward's runs against the forward's), each order
+// compiled in its own translation unit (rows.h, rows_ascending.cpp, rows_descending.cpp): the row
+// kernels are most of the library's compile time, and the two orders then compile side by side.
+template <Order O>
+void forward_rows(const ForwardParams& params, Isa isa);
+template <Order O>
+void backward_rows(const BackwardParams& params, Isa isa);
 
 
 // Elements a task of the pool takes at least: fewer would cost more in scheduling than they save.
@@ -89,18 +98,14 @@ inline Family family_of(const SequenceLayout& layout, std::initializer_list<cons
   return Family::Sequential;
 }
 
-// Calls body.template operator()<T, C, O, LogCoeffs>() for the params' real dtypes (T of inputs, C of
-// coeffs), order and encoding.
+// Calls body.template operator()<T, C, LogCoeffs>() for the params' real dtypes (T of inputs, C of
+// coeffs) and encoding.
 template <typename Body>
-void dispatch_real(const SequenceLayout& layout, Order order, const Body& body) {
+void dispatch_real(const SequenceLayout& layout, const Body& body) {
   dispatch_dtypes<c10::Half, c10::BFloat16>(layout.dtype, layout.coeff_dtype, [&]<typename T, typename C>() {
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
-      const auto with_order = [&]<Order O>() {
-        if (layout.log_coeffs) body.template operator()<T, C, O, true>();
-        else body.template operator()<T, C, O, false>();
-      };
-      if (order == Order::Ascending) with_order.template operator()<Order::Ascending>();
-      else with_order.template operator()<Order::Descending>();
+      if (layout.log_coeffs) body.template operator()<T, C, true>();
+      else body.template operator()<T, C, false>();
     }
   });
 }
