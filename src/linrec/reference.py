@@ -28,10 +28,13 @@ def linrec_loop(inputs: torch.Tensor, coeffs: torch.Tensor, reverse: bool = Fals
     """One step per time index, vectorized over the leading dims. Slow for long sequences, exact."""
     dtype = compute_dtype(inputs.dtype)
     steps = range(inputs.shape[-1] - 1, -1, -1) if reverse else range(inputs.shape[-1])
+    # The steps as views taken at once: the backward of one unbind stacks the steps' gradients, where the
+    # backward of a view per step would write each into a zeroed tensor of the whole (time x size).
+    input_steps, coeff_steps = inputs.unbind(-1), coeffs.unbind(-1)
     outputs = []
     for step, l in enumerate(steps):
-        x = inputs[..., l].to(dtype)
-        outputs.append(x if step == 0 else coeffs[..., l].to(dtype) * outputs[-1] + x)
+        x = input_steps[l].to(dtype)
+        outputs.append(x if step == 0 else coeff_steps[l].to(dtype) * outputs[-1] + x)
     if not outputs:
         return inputs.clone()  # empty, but part of the autograd graph like any other result
     if reverse:
