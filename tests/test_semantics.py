@@ -326,18 +326,23 @@ def test_triton_follows_the_loop_in_split_rows(triton_device, seed, monkeypatch,
     monkeypatch.setattr(configs, "SPLIT_BELOW_PROGRAMS_PER_MULTIPROCESSOR", 1 << 20)
     launch._plan.cache_clear()
     monkeypatch.setattr(launch, "_plan", launch._plan.__wrapped__)  # no plan cached under these settings
-    for shape, dim in (((3, 300), 1), ((1, 300, 4), 1)):
+    for shape, dim in (((3, TRITON_INTERPRETED_LENGTH), 1), ((1, TRITON_INTERPRETED_LENGTH, 4), 1)):
         layout = plan(shape, dim, (torch.empty(shape).stride(),))
         assert launch._plan(layout, torch.float32, torch.device(triton_device), 0, 0).segments > 1
     _triton_follows_the_loop(triton_device, reverse)
 
 
+# Rows short enough for Triton's interpreter (a launch of these checks takes seconds there), long enough for
+# several 16-element tiles past each special value.
+TRITON_INTERPRETED_LENGTH = 150
+
+
 def _triton_follows_the_loop(triton_device, reverse):
-    length = 300
+    length = TRITON_INTERPRETED_LENGTH
     inputs, coeffs = torch.randn(3, length), uniform((3, length), 0.5, 1.0)
     coeffs[0, 100] = float("inf")
     inputs[1, 77] = float("-inf")
-    coeffs[2, 150] = float("nan")
+    coeffs[2, 120] = float("nan")
     check(inputs, coeffs, triton_device, backend="triton", reverse=reverse)
     nan_rows = inputs.clone()  # a row NaN throughout, one from its middle: the rest filled past a NaN state
     nan_rows[0], nan_rows[1, length // 2:], nan_rows[2, 40] = float("nan"), float("nan"), float("nan")
