@@ -305,6 +305,11 @@ def test_exact_zero_and_one(device, seed, dtype):
     check(inputs, coeffs, device, reverse=True)
 
 
+# Rows short enough for Triton's interpreter (a launch of these checks takes seconds there), long enough for
+# several 16-element tiles past each special value.
+TRITON_INTERPRETED_LENGTH = 150
+
+
 @pytest.mark.parametrize("triton_device", TRITON_DEVICES)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_triton_follows_the_loop(triton_device, seed, reverse):
@@ -330,11 +335,6 @@ def test_triton_follows_the_loop_in_split_rows(triton_device, seed, monkeypatch,
         layout = plan(shape, dim, (torch.empty(shape).stride(),))
         assert launch._plan(layout, torch.float32, torch.device(triton_device), 0, 0).segments > 1
     _triton_follows_the_loop(triton_device, reverse)
-
-
-# Rows short enough for Triton's interpreter (a launch of these checks takes seconds there), long enough for
-# several 16-element tiles past each special value.
-TRITON_INTERPRETED_LENGTH = 150
 
 
 def _triton_follows_the_loop(triton_device, reverse):

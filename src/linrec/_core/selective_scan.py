@@ -141,6 +141,18 @@ def fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype: tor
             projection(C, projection_dtype), small(D), per_step(z), small(delta_bias), small(initial, state_dtype))
 
 
+def op_inputs(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype: torch.dtype,
+              state_dtype: torch.dtype) -> tuple:
+    """The forward op's 11 inputs from the caller's arguments (fused_operands)."""
+    operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
+    return (*operands[:8], delta_softplus, operands[8], cu_seqlens)
+
+
+def in_dtype_of(out: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The op's output in u's dtype (itself where it is: no dispatch of a no-op .to)."""
+    return out if out.dtype == u.dtype else out.to(u.dtype)
+
+
 def layout_of(argument: torch.Tensor | None) -> tuple[int, bool] | None:
     """What as_argument reads of an argument: its dims and whether it is complex."""
     return None if argument is None else (argument.dim(), argument.is_complex())
@@ -224,8 +236,8 @@ class _Fused(_SingleLevelFunction):
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
                 state_dtype):
-        operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
-        inputs = (*operands[:8], delta_softplus, operands[8], cu_seqlens)
+        inputs = op_inputs(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
+                           state_dtype)
         with torch._C._AutoDispatchBelowAutograd():
             out, checkpoints, last_state = _FORWARD(*inputs)
         _save(ctx, inputs, checkpoints)
@@ -236,7 +248,7 @@ class _Fused(_SingleLevelFunction):
         # An unused output's gradient stays None: zeros of the last state's shape would cost a fill, and the
         # backward op takes no last-state gradient as zero.
         ctx.set_materialize_grads(False)
-        return (out if out.dtype == u.dtype else out.to(u.dtype)), last_state
+        return in_dtype_of(out, u), last_state
 
     @staticmethod
     def backward(ctx, d_out, d_last_state):
@@ -305,11 +317,11 @@ def fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqle
     if at_plain_level and records(tensors):
         return _Fused.apply(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
                             state_dtype)
-    operands = fused_operands(u, delta, A, B, C, D, z, delta_bias, initial, real_dtype, state_dtype)
-    arguments = (*operands[:8], delta_softplus, operands[8], cu_seqlens)
+    arguments = op_inputs(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial, cu_seqlens, real_dtype,
+                          state_dtype)
     if at_plain_level:  # nothing to record: the kernel below the Autograd key
         with torch._C._AutoDispatchBelowAutograd():
             out, _checkpoints, last_state = _FORWARD(*arguments)
     else:
         out, _checkpoints, last_state = _FORWARD(*arguments)
-    return (out if out.dtype == u.dtype else out.to(u.dtype)), last_state
+    return in_dtype_of(out, u), last_state
