@@ -507,20 +507,21 @@ def test_packed_sequences_across_chunks(device, seed, offsets, complex_A):
     check_against_loop(arguments, options, cu_seqlens=offsets)
 
 
-# The GPU's lane kernels take B and C varying with the same groups, or both fixed, and n <= 64: a lane
-# walks time for four state dims (one up to n = 8, or where the call has too few channels to fill the
+# The GPU's lane kernels take B and C varying with the same groups, or both fixed, and n <= 128: a lane
+# walks time for four state dims (one up to n = 4, or where the call has too few channels to fill the
 # GPU), over tiles of 16 steps.
 LANE_LENGTHS = [1, 15, 16, 17, 511, 512, 513, 1100]
 
 
 @pytest.mark.parametrize("length", LANE_LENGTHS)
-@pytest.mark.parametrize("n", [3, 16, 24, 29, 40, 64])
+@pytest.mark.parametrize("n", [3, 16, 24, 29, 40, 64, 70, 97, 128])
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels(device, seed, n, length, projections):
     """Tiles and chunks, state dims that leave a lane's last ones unused (whole lanes: 3, 24, 40; part of a
-    lane: 29), with an initial state; on the GPU, every policy of four state dims a lane. The CPU runs the
-    same loop for every n: n = 24 and 29 add nothing there."""
-    if device == "cpu" and n in (24, 29):
+    lane: 29, 70, 97), with an initial state; on the GPU, every policy of four state dims a lane (a warp a
+    channel above n = 64; n = 70's backward in the block kernels from the lanes' checkpoints). The CPU runs
+    the same loop for every n: n = 24, 29, 70, 97 and 128 add nothing there."""
+    if device == "cpu" and n in (24, 29, 70, 97, 128):
         pytest.skip("a policy of the GPU's kernels")
     arguments, options = make_arguments(device, torch.float32, False, projections, projections, length=length,
                                         batch=1, d=6, n=n, groups=2)
@@ -529,12 +530,12 @@ def test_lane_kernels(device, seed, n, length, projections):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("n", [1, 4, 7, 16, 24, 31, 64])
+@pytest.mark.parametrize("n", [1, 4, 7, 16, 24, 31, 64, 65, 126])
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels_many_channels(device, seed, dtype, n, projections):
     """Channels enough for the GPU's Narrow policies (one state dim a lane and four lanes a
     channel up to n = 4, four state dims a lane above: four lanes up to 16, eight up to 32, sixteen up to
-    64); each group's last block holds fewer channels than it has slots. The CPU runs the same loop for
+    64, thirty-two up to 128); each group's last block holds fewer channels than it has slots. The CPU runs the same loop for
     every n: one case of it."""
     if device == "cpu" and (n, projections) != (16, "grouped"):
         pytest.skip("a plan of the GPU's kernels")
@@ -557,7 +558,7 @@ def test_lane_kernels_eight_warp_blocks(device, seed, batch, d, n, length):
     check_against_loop(arguments, options)
 
 
-@pytest.mark.parametrize("n", [2, 8, 27, 40])
+@pytest.mark.parametrize("n", [2, 8, 27, 40, 70, 100])
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels_split_rows(device, seed, n, projections):
     """One row of 4096 channels and 1100 steps: on the GPU, the row split along time where the plan finds
@@ -583,9 +584,11 @@ def test_lane_kernels_packed_many_channels(device, seed, offsets, projections):
 
 @pytest.mark.parametrize("offsets", [[0, 200, 512, 512, 600, 1100], [0, 0, 17, 17, 40], [0, 16, 32, 33]],
                          ids=["across-chunks", "empty", "at-tile-ends"])
-def test_lane_kernels_packed(device, seed, offsets):
+@pytest.mark.parametrize("n", [16, 70])
+def test_lane_kernels_packed(device, seed, offsets, n):
+    """Packed sequences; on the GPU, n = 70 runs the forward in the lanes and the backward in the block kernels."""
     arguments, options = make_arguments(device, torch.float32, False, "shared", "shared", length=offsets[-1],
-                                        batch=1, d=3, n=16)
+                                        batch=1, d=3, n=n)
     arguments["initial"] = _initial(arguments, len(offsets) - 1, device)
     check_against_loop(arguments, options, cu_seqlens=offsets)
 
@@ -807,20 +810,20 @@ def test_deterministic_fused_backward(device, seed, projections):
         if index not in (3, 4):
             assert torch.equal(one, other), index
     if device == "cuda" and projections == "grouped":
-        wide_n = make_arguments(device, torch.float32, False, "grouped", "grouped", length=9, batch=1, n=65, groups=1)[0]
+        wide_n = make_arguments(device, torch.float32, False, "grouped", "grouped", length=9, batch=1, n=129, groups=1)[0]
         wide_args = [wide_n[name] for name in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
         wide_out, wide_checkpoints, _ = torch.ops.linrec.selective_scan_forward(*wide_args, True, None, None)
         with pytest.raises(ValueError, match=r"deterministic sums of a varying B's or C's gradient on the GPU need .* "
-                                             r"n <= 64 and a float32 state, got n = 65"):
+                                             r"n <= 128 and a float32 state, got n = 129"):
             torch.ops.linrec.selective_scan_backward(torch.ones_like(wide_out), None, *wide_args, True, None, None,
                                                      wide_checkpoints, deterministic=True)
 
 
 def test_deterministic_mode_matches_the_loop(device, seed):
     """Under torch.use_deterministic_algorithms(True): lane-kernel calls (B and C varying with the same groups)
-    and others (n above 64, which take the composed scan on the GPU) against the loop."""
+    (n = 16 and 100) and others (n above 128, which take the composed scan on the GPU) against the loop."""
     torch.use_deterministic_algorithms(True)
-    for n, complex_A in ((16, False), (65, False), (16, True)):
+    for n, complex_A in ((16, False), (100, False), (129, False), (16, True)):
         arguments, options = make_arguments(device, torch.float32, complex_A, "grouped", "grouped", length=600,
                                             batch=1, n=n, groups=2)
         check_against_loop(arguments, options)

@@ -49,12 +49,12 @@ def run_steps(state, arguments, length):
 
 def runs_step_by_step(device, dtype, n, complex_A):
     """Whether the fused scan walks time step by step: always on the CPU; on the GPU, in its lane kernels
-    (a real float32 state, n <= 64, B and C varying with the same groups)."""
-    return device == "cpu" or (dtype != torch.float64 and n <= 64 and not complex_A)
+    (a real float32 state, n <= 128, B and C varying with the same groups)."""
+    return device == "cpu" or (dtype != torch.float64 and n <= 128 and not complex_A)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
-@pytest.mark.parametrize("n", [1, 3, 5, 8, 16, 17, 64])
+@pytest.mark.parametrize("n", [1, 3, 5, 8, 16, 17, 64, 100])
 @pytest.mark.parametrize("groups", [None, 2])
 def test_steps_give_the_scans_bits(device, seed, dtype, n, groups):
     """T steps from a state: the outputs and last state of one selective_scan call of the T steps from it,

@@ -33,6 +33,8 @@ _OP = "linrec.selective_scan"
 #: on linrec.linrec's backend of that name.
 SELECTIVE_SCAN_BACKENDS = ("auto", "composed", *(name for name in BACKENDS if name != "auto"))
 _COMPLEX = (torch.complex64, torch.complex128)
+# The largest n of the GPU's lane kernels (csrc/include/linrec/ssm/lanes/policy.cuh: kMaxStates).
+_LANE_MAX_STATES = 128
 
 
 def selective_scan(
@@ -71,8 +73,8 @@ def selective_scan(
     Memory is then O(batch * d * length). The fused kernels give first derivatives. Under
     ``torch.use_deterministic_algorithms(True)`` the fused backward on the GPU sums a time-varying B's and
     C's gradients in a fixed order (each block of channels' sums kept apart, then added in block order)
-    where both vary with the same groups and n <= 64 in float32 with a real ``A``; other time-varying calls on
-    the GPU, whose fused gradient would be summed with atomic adds, take the composed scan then. Otherwise
+    where both vary with the same groups and n <= 128 in float32 with a real ``A``; other time-varying calls
+    on the GPU, whose fused gradient would be summed with atomic adds, take the composed scan then. Otherwise
     (``backend="composed"``, or that deterministic case), the scan is one ``linrec.linrec`` call over
     the expanded state, which takes memory: its coefficients, inputs and states are each
     batch * d * n * length elements of the compute dtype, and autograd keeps the states for the
@@ -170,14 +172,14 @@ def selective_scan(
 
 def _sums_in_fixed_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, real_dtype: torch.dtype) -> bool:
     """Whether the fused backward on the GPU can sum the gradients of B and C in a fixed order: both fixed, or
-    both varying with the same groups (shared: one), n <= 64, a real A and a float32 state, which the lane
-    kernels take (csrc/include/linrec/ssm/lanes/policy.cuh: takes)."""
+    both varying with the same groups (shared: one), n <= _LANE_MAX_STATES, a real A and a float32 state,
+    which the lane kernels take (csrc/include/linrec/ssm/lanes/policy.cuh: takes, kMaxStates)."""
     if B.dim() == 2 and C.dim() == 2:
         return True
     if A.is_complex():
         return False
     groups = [1 if M.dim() == 3 else M.shape[1] for M in (B, C) if M.dim() > 2]
-    return len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= 64 and real_dtype == torch.float32
+    return len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= _LANE_MAX_STATES and real_dtype == torch.float32
 
 
 def _spread(delta_u: torch.Tensor, B: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ arguments of mamba_ssm's ``selective_state_update``.
 The op (``torch.ops.linrec.selective_state_update``) runs the scan's arithmetic for one step, on the operands
 the scan would take (``_core.selective_scan.fused_operands``), so that T steps give the bits of one scan of T
 steps wherever that scan walks time step by step: on the CPU always, and on the GPU where the fused scan runs its lane
-kernels (a real float32 state, n <= 64, B and C varying with the same groups) on rows it does not split along
+kernels (a real float32 state, n <= 128, B and C varying with the same groups) on rows it does not split along
 time (docs/design.md, Fused selective scan).
 """
 
@@ -56,7 +56,7 @@ def selective_state_update(
     arguments in float64; a complex ``A`` gives a complex state) and writes the new state back in ``state``'s
     dtype. T steps from a state give the same bits as one ``linrec.selective_scan`` call of those T steps
     from it (``initial``, ``return_last_state``): its outputs and its last state. That holds on the CPU, and
-    on the GPU where the scan runs its lane kernels (B and C varying with the same groups, n <= 64, a real
+    on the GPU where the scan runs its lane kernels (B and C varying with the same groups, n <= 128, a real
     float32 state) over rows of at most 512 steps, or rows it does not split along time (many channels); a
     scan of few long rows otherwise splits them and agrees with the steps to rounding.
 

@@ -76,7 +76,7 @@ void launch_lanes(void (*kernel)(Params), const Params& params, int64_t segments
     throw std::invalid_argument("linrec: selective_scan: batch * d = " + std::to_string(params.batch * params.d) +
                                 " needs more than the 2^31 - 1 blocks a launch can have");
   allow_shared(kernel, shared_bytes, params.n);
-  // Shared memory before L1: the backward's blocks take about 70 KB each.
+  // Shared memory before L1: the backward's blocks take about 70 KB each (85 KB at n = 128).
   LINREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                          cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(segments));
@@ -116,15 +116,13 @@ Params split_as(const ssm::Plan& plan, const Params& params) {
 }
 
 // The family that runs a call (ssm::Plan::family): the lane kernels where they take it.
-ssm::Family family_of(const ssm::ForwardParams& params) {
-  return ssm::lanes::takes(params) ? ssm::Family::Lanes : ssm::Family::Blocks;
-}
+ssm::Family family_of(bool lanes) { return lanes ? ssm::Family::Lanes : ssm::Family::Blocks; }
 
 }  // namespace
 
 ssm::Plan make_plan(const ssm::ForwardParams& params) {
   ssm::Plan plan;
-  plan.family = family_of(params);
+  plan.family = family_of(ssm::lanes::takes(params));
   ssm::lanes::choose_plan<false>(params, plan);
   // The segments' end states and decay products, [2][segments - 1][batch * d][n].
   plan.workspace_bytes = 2 * (plan.segments - 1) * params.batch * params.d * params.n * int64_t(sizeof(float));
@@ -133,7 +131,7 @@ ssm::Plan make_plan(const ssm::ForwardParams& params) {
 
 ssm::Plan make_plan(const ssm::BackwardParams& params) {
   ssm::Plan plan;
-  plan.family = family_of(params);
+  plan.family = family_of(ssm::lanes::takes_backward(params));
   ssm::lanes::choose_plan<true>(params, plan);
   const bool varying = params.B.varying || params.C.varying;
   if (params.deterministic && varying) {
@@ -142,7 +140,8 @@ ssm::Plan make_plan(const ssm::BackwardParams& params) {
     if (plan.family != ssm::Family::Lanes)
       throw std::invalid_argument(
           "linrec.selective_scan_backward: deterministic sums of a varying B's or C's gradient on the GPU need B "
-          "and C varying with the same groups, n <= 64 and a float32 state, got n = " + std::to_string(params.n) +
+          "and C varying with the same groups, n <= " + std::to_string(ssm::lanes::kMaxStates) +
+          " and a float32 state, got n = " + std::to_string(params.n) +
           (params.state_dtype == DType::Float32 ? "" : std::string(" and a ") + dtype_name(params.state_dtype) + " state"));
     ssm::lanes::with_policy<true>(plan.lane_policy, params.n, [&]<typename Policy>() {
       plan.channel_blocks = ssm::lanes::blocks_per_group<Policy>(params);
@@ -156,10 +155,12 @@ void launch(const ssm::Plan& plan, const ssm::ForwardParams& params, cudaStream_
   if (plan.family == ssm::Family::Lanes) {
     const ssm::ForwardParams split = split_as(plan, params);
     dispatch_lanes<false>(plan, params, [&]<typename T, typename W, typename Policy, bool Packed, bool Fixed>() {
+      constexpr int64_t kShared = sizeof(ssm::lanes::ForwardShared<Policy, Fixed>);
       if (plan.segments > 1)
-        launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, Fixed, true>, split, plan.segments - 1, 0,
-                             stream);
-      launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, Fixed, false>, split, plan.segments, 0, stream);
+        launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, Fixed, true>, split, plan.segments - 1,
+                             kShared, stream);
+      launch_lanes<Policy>(ssm::lanes::forward_kernel<T, W, Policy, Packed, Fixed, false>, split, plan.segments,
+                           kShared, stream);
     });
     return;
   }
@@ -213,8 +214,8 @@ void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream
 
 ssm::Plan make_plan(const ssm::StateUpdateParams&) { return {}; }
 
-// A float32 state of n <= 64 takes the lane kernels' arithmetic (the scan's bits), four lanes a channel up
-// to n = 16 and sixteen up to 64; any other a warp a channel.
+// A float32 state of n <= 128 takes the lane kernels' arithmetic (the scan's bits), four lanes a channel
+// up to n = 16, sixteen up to 64 and thirty-two up to 128; any other a warp a channel.
 void launch(const ssm::Plan&, const ssm::StateUpdateParams& params, cudaStream_t stream) {
   const int64_t rows = params.batch * params.d;
   if (rows == 0) return;
@@ -230,6 +231,7 @@ void launch(const ssm::Plan&, const ssm::StateUpdateParams& params, cudaStream_t
     if constexpr (std::is_same_v<S, float>) {
       if (params.n <= 16) return run(ssm::step::lane_step_kernel<T, W, 4>, ssm::step::kThreads / 4);
       if (params.n <= 64) return run(ssm::step::lane_step_kernel<T, W, 16>, ssm::step::kThreads / 16);
+      if (params.n <= ssm::lanes::kMaxStates) return run(ssm::step::lane_step_kernel<T, W, 32>, ssm::step::kThreads / 32);
     }
     run(ssm::step::warp_step_kernel<T, W, S>, ssm::step::kThreads / 32);
   });

@@ -349,10 +349,11 @@ def family_cases(rows: tuple[int, int], btc: tuple[int, ...]) -> list[Case]:
 
 
 def selective_scan_cases(batch: int, d: int, length: int) -> list[Case]:
-    """State sizes 1 to 64 (13: not a power of two) with B and C time-varying, two with them constant."""
+    """State sizes 1 to 100 (13: not a power of two; 100: a warp of lanes a channel on the GPU) with B and C
+    time-varying, two with them constant."""
     return [
         *(SelectiveScanCase(name="selective-varying", batch=batch, d=d, n=n, length=length, quick=n == 16)
-          for n in (1, 4, 13, 16, 64)),
+          for n in (1, 4, 13, 16, 64, 100)),
         SelectiveScanCase(name="selective-varying", batch=batch, d=d, n=16, length=length, dtype=BF16),
         *(SelectiveScanCase(name="selective-constant", batch=batch, d=d, n=n, length=length, constant_bc=True,
                             quick=n == 13) for n in (13, 16)),

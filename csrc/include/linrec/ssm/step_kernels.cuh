@@ -1,11 +1,11 @@
 // The selective scan's decode step on the GPU (selective_state_update): one step of every (batch row,
 // channel) from its row of a cache of states, the new state written back in place.
 //
-// A real float32 state with n <= 64 takes the lane kernels' arithmetic (ssm/lanes/), so that T
+// A real float32 state with n <= 128 takes the lane kernels' arithmetic (ssm/lanes/), so that T
 // steps give the bits of one scan of T steps: four state dims a lane (recur: the same decay, multiply-adds
-// and chain), four lanes a channel up to n = 16 and sixteen up to 64, the lanes' chains added in
-// sum_share's order, then D and the gate as the scan adds them. Any other state (n > 64, float64,
-// complex) takes a warp a channel, its lanes striding over the state dims.
+// and chain), four lanes a channel up to n = 16, sixteen up to 64 and thirty-two up to 128, the lanes'
+// chains added in sum_share's order, then D and the gate as the scan adds them. Any other state (n > 128,
+// float64, complex) takes a warp a channel, its lanes striding over the state dims.
 #pragma once
 
 #include <cstdint>

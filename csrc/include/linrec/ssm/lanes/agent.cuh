@@ -68,7 +68,10 @@ struct Place {
     const int64_t dims = n - state(0);
     return dims <= 0 ? 0 : dims >= Policy::kStates ? Policy::kStates : static_cast<int>(dims);
   }
-  __device__ __forceinline__ int share_offset() const { return lane * Policy::kShare; }
+  // The lane's share of a tile's steps (a repeat of lane % kShareLanes's past the share lanes), and
+  // whether it stores what it computes of them.
+  __device__ __forceinline__ int share_offset() const { return lane % Policy::kShareLanes * Policy::kShare; }
+  __device__ __forceinline__ bool stores_share() const { return lane < Policy::kShareLanes; }
   __device__ __forceinline__ int64_t share_begin(int64_t t0) const { return t0 + share_offset(); }
 };
 

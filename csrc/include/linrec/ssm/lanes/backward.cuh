@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
     #pragma unroll
     for (int i = 0; i < kShare; ++i) {
       const float dy = !adjoint ? 0.0f : p.z ? now[kOut][i] * silu(now[kZ][i]) : now[kOut][i];
-      shared.steps[buffer][at.slot][at.share_offset() + i] = make_float4(dt[i], dtu[i], dy, 0.0f);
+      if (at.stores_share()) shared.steps[buffer][at.slot][at.share_offset() + i] = make_float4(dt[i], dtu[i], dy, 0.0f);
     }
   };
 
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kBackwardMinBlocks) 
           sum_delta_bias += d_delta[i];
         }
       }
-      if (at.active) {
+      if (at.active && at.stores_share()) {
         store_run<kShare>(d_u_row, at.share_begin(t0), length, p.vectorized, d_u);
         store_run<kShare>(d_delta_row, at.share_begin(t0), length, p.vectorized, d_delta);
         if (d_z_row) store_run<kShare>(d_z_row, at.share_begin(t0), length, p.vectorized, d_z);

@@ -23,7 +23,9 @@ template <typename T, typename W, typename Policy, bool Packed, bool Fixed, bool
 __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) forward_kernel(const ForwardParams p) {
   constexpr int kStates = Policy::kStates, kSteps = Policy::kSteps, kShare = Policy::kShare;
   enum { kDelta, kU, kZ, kRows };
-  __shared__ ForwardShared<Policy, Fixed> shared;
+  // Dynamic: eight warps' at n = 128 pass the 48 KB a static allocation may take.
+  extern __shared__ __align__(16) unsigned char dynamic_storage[];
+  auto& shared = *reinterpret_cast<ForwardShared<Policy, Fixed>*>(dynamic_storage);
   const Place<Policy> at(p);
   const ChannelView<Policy> ch{p, at};
   const Segment segment(p);
@@ -82,8 +84,10 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
     float dt[kShare], dtu[kShare];
     share_step_sizes<kShare>(p, now[kDelta], now[kU], at.share_begin(t0), bias, dt, dtu);
     if constexpr (Ends) add_step_sizes<kShare>(dt_sum, dt);
-    #pragma unroll
-    for (int i = 0; i < kShare; ++i) shared.steps[buffer][at.slot][at.share_offset() + i] = make_float2(dt[i], dtu[i]);
+    if (at.stores_share()) {
+      #pragma unroll
+      for (int i = 0; i < kShare; ++i) shared.steps[buffer][at.slot][at.share_offset() + i] = make_float2(dt[i], dtu[i]);
+    }
   };
   const auto ended = [&](int64_t s, const float (&state)[kStates]) {
     if constexpr (Ends) restarted = true;
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(Policy::kThreads, Policy::kForwardMinBlocks) f
         y[i] = fmaf(D, now[kU][i], y[i]);
         if (p.z) y[i] *= silu(now[kZ][i]);
       }
-      if (at.active) store_run<kShare>(out_row, at.share_begin(t0), length, p.vectorized, y);
+      if (at.active && at.stores_share()) store_run<kShare>(out_row, at.share_begin(t0), length, p.vectorized, y);
     }
     if (tile + 1 < first_tile + tiles) commit(t0 + kSteps, buffer ^ 1);
     __syncthreads();

@@ -39,6 +39,23 @@ inline double pass_time(int64_t blocks, int64_t warps, int64_t resident, int64_t
   return static_cast<double>(per_sm / resident) * turn(resident) + turn(per_sm % resident);
 }
 
+// Whether the lane kernels take a backward (takes): above n = 64 only where n fills enough of its
+// policy's state dims. A lane's step costs every state dim its policy holds (thirty-two lanes of four,
+// 128, from n = 65), the block kernels' backward the n it has: on an H200, bfloat16 8 x 2048 x n x 2048
+// took 13.2, 16.2, 20.1 and 25.7 ms in the blocks' backward at n = 65, 80, 100 and 128 (0.20 ms a state
+// dim) and 15.3 to 17.1 ms in the lanes' at each (0.12 ms a held dim, a partial lane's 8% more), so the
+// blocks take n below 1 / 1.65 of the held dims, n = 65 to 77. Their forward, which the lanes' outruns
+// at every n, saves the same checkpoints. A deterministic backward of a varying B or C stays in the
+// lanes, whose sums are in a fixed order.
+constexpr double kBlockStateCost = 1.65;  // a block kernel's backward state dim, in lane state dims
+inline bool takes_backward(const BackwardParams& params) {
+  if (!takes(params)) return false;
+  if (params.n <= 64 || (params.deterministic && params.B.varying)) return true;
+  int64_t held = 0;
+  with_policy<true>(LanePolicy::Narrow, params.n, [&]<typename Policy>() { held = Policy::kMaxStates; });
+  return kBlockStateCost * static_cast<double>(params.n) >= static_cast<double>(held);
+}
+
 // The lane kernels' plan: the policy and the split of the rows along time (segments of whole chunks)
 // that the model gives the least time, where a split row takes a first pass over all its segments but
 // the last (ssm/lanes/). A step of a forward's Wide block costs 0.82 of a Narrow one's per warp
@@ -48,12 +65,12 @@ inline double pass_time(int64_t blocks, int64_t warps, int64_t resident, int64_t
 // Between near ties (3%) the fewer segments win, which need less workspace.
 template <bool Backward>
 inline void choose_plan(const ForwardParams& params, Plan& plan) {
-  if (!takes(params) || params.length == 0) return;
+  if (plan.family != Family::Lanes || params.length == 0) return;
   const int64_t sms = cuda::device_shape().multiprocessors, chunks = chunks_of(params.length);
   std::vector<LanePolicy> candidates{LanePolicy::Narrow};
   if (params.n <= 16 && blocks_of<Policy<4, 4>>(params) * chunks < 2 * sms)
     candidates = {LanePolicy::Single};  // too few blocks even split into every chunk
-  else if (params.n > 16 && !Backward)
+  else if (params.n > (Backward ? 64 : 16))
     candidates.push_back(LanePolicy::Wide);
   const double first_pass = Backward ? 0.2 : params.n > 16 ? 0.65 : 0.5;
   double best_time = std::numeric_limits<double>::infinity();

@@ -183,11 +183,14 @@ __device__ __forceinline__ void sum_outputs(const LanePartials<Policy>& partials
   }
 }
 
-// The sum of a value over the lanes of the thread's channel (neighbouring threads), the same in each.
+// The sum of a per-share value over the share lanes of the thread's channel (neighbouring threads), the
+// same in each lane: the lanes past them repeat their shares (Policy::kShareLanes), and their butterfly
+// gives them the same sum.
 template <typename Policy, typename V>
 __device__ __forceinline__ V channel_sum(V value) {
   #pragma unroll
-  for (int offset = Policy::kLanes / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = Policy::kShareLanes / 2; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
 }
 
