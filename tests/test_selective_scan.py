@@ -561,12 +561,13 @@ def test_lane_kernels_eight_warp_blocks(device, seed, batch, d, n, length):
 @pytest.mark.parametrize("n", [2, 8, 27, 40, 70, 100])
 @pytest.mark.parametrize("projections", ["grouped", "fixed"])
 def test_lane_kernels_split_rows(device, seed, n, projections):
-    """One row of 4096 channels and 1100 steps: on the GPU, the row split along time where the plan finds
-    too few blocks, with an initial state; lanes of one state dim at n <= 4."""
+    """One row of 4096 channels (1024 above n = 64, where the float64 loop's states are the costliest) and
+    1100 steps: on the GPU, the row split along time where the plan finds too few blocks, with an initial
+    state; lanes of one state dim at n <= 4."""
     if device == "cpu":
         pytest.skip("a plan of the GPU's kernels")
     arguments, options = make_arguments(device, torch.float32, False, projections, projections, length=1100,
-                                        batch=1, d=4096, n=n, groups=2)
+                                        batch=1, d=4096 if n <= 64 else 1024, n=n, groups=2)
     arguments["initial"] = _initial(arguments, 1, device)
     check_against_loop(arguments, options)
 
