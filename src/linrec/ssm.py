@@ -179,7 +179,8 @@ def _sums_in_fixed_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, real
     if A.is_complex():
         return False
     groups = [1 if M.dim() == 3 else M.shape[1] for M in (B, C) if M.dim() > 2]
-    return len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= _LANE_MAX_STATES and real_dtype == torch.float32
+    return (len(groups) == 2 and groups[0] == groups[1] and A.shape[1] <= _LANE_MAX_STATES
+            and real_dtype == torch.float32)
 
 
 def _spread(delta_u: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
