@@ -1,16 +1,20 @@
-"""python -m linrec bench's model-layout table: its code path on small shapes with a stub timer (timings are
-never asserted), and the GPU cases' shapes checked without a GPU."""
+"""python -m linrec bench's tables: their code path on small shapes with a stub timer (timings are never
+asserted), the GPU cases' shapes checked without a GPU; the tools' argument errors, noise report and machine
+description."""
 
 from __future__ import annotations
 
 import csv
 import math
+import subprocess
+import sys
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 import linrec
-from linrec.tools import bench
+from linrec.tools import bench, guard
 
 
 def test_layout_table_runs_through_the_public_api(device, monkeypatch, tmp_path, capsys):
@@ -128,3 +132,51 @@ def test_gpu_selective_scan_cases_are_valid_calls():
         B = torch.empty(batch, n, length, device="meta")
         out, state = linrec.selective_scan(u, u, torch.empty(d, n, device="meta"), B, B, return_last_state=True)
         assert out.shape == (batch, d, length) and state.shape == (batch, d, n)
+
+
+@pytest.mark.parametrize("tool, arguments, message", [
+    ("bench", ["--dtypes", "float8"], "--dtypes: expected comma-separated names of float32, float64"),
+    ("bench", ["--dtypes", "int32"], "got 'int32'"),
+    ("bench", ["--device", "tpu"], "--device: expected cpu or cuda, got 'tpu'"),
+    ("bench", ["--tables", "speed"], "--tables: expected names of"),
+    ("tune", ["--dtypes", "float8"], "--dtypes: expected"),
+])
+def test_argument_errors_are_one_line(tool, arguments, message):
+    """A bad argument ends the tool with argparse's usage and one line of error, exit status 2, no traceback."""
+    result = subprocess.run([sys.executable, "-m", "linrec", tool, *arguments], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]
+
+
+def test_cuda_device_without_a_gpu_is_one_line():
+    if torch.cuda.is_available() and linrec.HAS_CUDA_KERNELS:
+        pytest.skip("this machine runs the CUDA kernels")
+    for command in (["bench", "--device", "cuda"], ["bench", "--suite", "guard", "--device", "cuda"], ["tune"]):
+        result = subprocess.run([sys.executable, "-m", "linrec", *command], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, command
+        assert ("torch sees no CUDA GPU" in result.stderr) != ("has no CUDA kernels" in result.stderr), command
+
+
+def test_noise_report(monkeypatch):
+    """Quiet measurements and cores say their noise; a wide spread or busy cores give a warning."""
+    core_use = SimpleNamespace(others=lambda: 0.02)
+    monkeypatch.setattr(bench, "timing_spread", bench.TimingSpread())
+    for times in ([1.0, 1.01, 0.99, 1.0, 1.02], [2.0, 2.02, 1.98]):
+        bench.timing_spread.add(times)
+    assert bench.noise_report(torch.device("cpu"), core_use).startswith("noise: the median measurement's spread was 2%")
+    assert "other processes kept 2% of the cores busy" in bench.noise_report(torch.device("cpu"), core_use)
+    busy = SimpleNamespace(others=lambda: 0.9)
+    assert bench.noise_report(torch.device("cpu"), busy).startswith("warning: the machine was busy or noisy")
+    bench.timing_spread.add([1.0, 2.0, 1.5, 0.5])  # a spread of 67%: the median of three spreads is 2% still
+    bench.timing_spread.add([1.0, 3.0, 1.5, 0.5])
+    assert bench.noise_report(torch.device("cuda"), core_use).startswith("warning:")
+
+
+def test_machine_description_names_the_cpu_and_its_instruction_set(monkeypatch):
+    description = guard.cpu_description()
+    assert description.startswith("cpu ") and f"{torch.get_num_threads()} threads" in description
+    assert "instruction set " in description
+    monkeypatch.setenv("LINREC_CPU_ISA", "baseline")
+    assert guard.cpu_instruction_set() == "baseline (LINREC_CPU_ISA)"

@@ -6,6 +6,7 @@ float32, float64 and bfloat16; then the argument checks."""
 from __future__ import annotations
 
 import doctest
+import warnings
 
 import pytest
 import torch
@@ -214,6 +215,7 @@ def test_dones_forms_agree(device, seed):
 # --- GAE -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore::linrec.rl.MissingBootstrapWarning")  # the "T" rows take V(s_T) = 0
 @pytest.mark.parametrize("discount_kind", ["float", "scalar_tensor", "per_env", "per_step"])
 @pytest.mark.parametrize("values_length", ["T+1", "T"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=repr)
@@ -249,8 +251,26 @@ def test_gae_by_hand(device):
     # deltas: 1 + 0.25 - 0.5 = 0.75, 0 - 0.5 (ends) = -0.5, 1 + 1 - 0.5 = 1.5; A0 = 0.75 + 0.25 * -0.5
     assert result.advantages.tolist() == [0.625, -0.5, 1.5]
     assert result.returns.tolist() == [1.125, 0.0, 2.0]
-    # without the bootstrap value V[3] = 0: delta2 = 0.5
-    assert gae(rewards, values[:3], dones, 0.5, 0.5).advantages.tolist() == [0.625, -0.5, 0.5]
+    # without the bootstrap value V[3] = 0: delta2 = 0.5 (the last step ends no episode: a warning)
+    with pytest.warns(linrec.rl.MissingBootstrapWarning, match="values has length T = 3 along dim 0"):
+        assert gae(rewards, values[:3], dones, 0.5, 0.5).advantages.tolist() == [0.625, -0.5, 0.5]
+
+
+def test_gae_warns_only_where_a_bootstrap_value_is_missing(device):
+    """Values without V(s_T) warn where the last step leaves an episode running (CleanRL's next_value forgotten),
+    whether dones is None, per step or broadcast; not when every episode ends there, nor with V(s_T) given."""
+    rewards = torch.ones(4, 3, device=device)
+    ends = torch.zeros(4, 3, dtype=torch.bool, device=device)
+    ends[-1] = True
+    running = ends.clone()
+    running[-1, 1] = False
+    for dones, values_length in ((None, 4), (running, 4), (running[:, :1] & False, 4)):
+        with pytest.warns(linrec.rl.MissingBootstrapWarning, match="CleanRL's next_value"):
+            gae(rewards, torch.zeros(values_length, 3, device=device), dones, 0.9, 0.9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", linrec.rl.MissingBootstrapWarning)
+        for dones, values_length in ((ends, 4), (ends[:, :1], 4), (None, 5), (running, 5)):
+            gae(rewards, torch.zeros(values_length, 3, device=device), dones, 0.9, 0.9)
 
 
 def test_gae_lambda_one_and_zero(device, seed):

@@ -31,6 +31,7 @@ and pass the values with the bootstrap value appended, ``torch.cat([values, next
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -38,7 +39,7 @@ import torch
 from ._core.checks import check_device, check_dtype, check_tensor, is_broadcastable, normalize_dim, type_name
 from .scan import linrec
 
-__all__ = ["GAE", "discounted_returns", "gae"]
+__all__ = ["GAE", "MissingBootstrapWarning", "discounted_returns", "gae"]
 
 #: A discount (gamma) or trace decay (lam): a Python number in [0, 1], or a tensor broadcastable to the rewards.
 Discount = float | torch.Tensor
@@ -46,6 +47,11 @@ Discount = float | torch.Tensor
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 #: 16-bit inputs are computed in float32: gamma = 0.99 is 0.98828125 in bfloat16, off by 15 % after 100 steps.
 _COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+class MissingBootstrapWarning(UserWarning):
+    """:func:`gae` got values without the bootstrap value V(s_T) for a rollout whose last step does not end every
+    environment's episode: V(s_T) = 0 is taken there, which is rarely what a truncated rollout means."""
 
 
 class GAE(NamedTuple):
@@ -139,8 +145,10 @@ def gae(
             float64, float16 or bfloat16 (16-bit inputs are computed in float32, the results rounded).
         values: the critic's values, of ``rewards``' shape except along ``dim``, where the length is
             either T + 1: V(s_0)..V(s_T), the last one the bootstrap value of the state after the last
-            step, or T: V(s_0)..V(s_{T-1}), with V(s_T) = 0 (no bootstrap). Differentiable; the results
-            take the dtype of ``rewards`` and ``values`` promoted together.
+            step, or T: V(s_0)..V(s_{T-1}), with V(s_T) = 0 (no bootstrap; a MissingBootstrapWarning
+            when the last step does not end every environment's episode, where the rollout was cut and
+            V(s_T) is usually the critic's value of the next observation: CleanRL's ``next_value``).
+            Differentiable; the results take the dtype of ``rewards`` and ``values`` promoted together.
         dones: where episodes end, of ``rewards``' shape or broadcastable to it, bool (or 0/1 numbers):
             ``dones[t]`` true means the episode ended after step t, so neither V[t+1] nor A[t+1] reaches
             step t. CleanRL's and SB3's buffers mark the step that starts an episode instead: shift
@@ -194,6 +202,7 @@ def gae(
         discounts = discounts * continues
     values = values.to(dtype)
     if values.shape[dim] == length:  # no bootstrap: the state after the last step is worth 0
+        _warn_if_cut(op, dones, rewards, dim)
         slot = list(values.shape)
         slot[dim] = 1
         values = torch.cat([values, values.new_zeros(slot)], dim)
@@ -255,6 +264,27 @@ def _continues(op: str, dones: object, rewards: torch.Tensor, dtype: torch.dtype
     if dones.dtype == torch.bool:
         return (~dones).to(dtype)
     return 1 - dones.to(dtype)
+
+
+def _warn_if_cut(op: str, dones: torch.Tensor | None, rewards: torch.Tensor, dim: int) -> None:
+    """A MissingBootstrapWarning where the rollout's last step does not end every environment's episode (which reads
+    ``dones`` on the host: one synchronization of a GPU, not made under torch.compile)."""
+    length = rewards.shape[dim]
+    if length == 0 or rewards.numel() == 0:
+        return
+    if dones is None:
+        cut = True
+    elif torch.compiler.is_compiling():
+        return
+    else:
+        cut = not bool(torch.broadcast_to(dones, rewards.shape).narrow(dim, length - 1, 1).all())
+    if cut:
+        warnings.warn(
+            f"{op}: values has length T = {length} along dim {dim} (no bootstrap value), but the last step does not "
+            "end every environment's episode: V(s_T) = 0 is taken there. Pass V(s_T), the critic's value of the "
+            "observation after the last step (CleanRL's next_value), as values' last entry (length T + 1); zeros "
+            "there keep these targets without this warning",
+            MissingBootstrapWarning, stacklevel=3)
 
 
 def _bootstrap(op: str, bootstrap: object, rewards: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -33,6 +33,7 @@ import argparse
 import csv
 import gc
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
@@ -42,7 +43,6 @@ import torch
 from .._core.autograd import COMPILED, TRITON, Kernels
 from .._core.library import HAS_CUDA_KERNELS
 from .._core.triton import missing as triton_missing
-from .._version import __version__
 from ..reference import REFERENCES
 from ..scan import linrec
 from ..ssm import selective_scan
@@ -345,12 +345,43 @@ def mamba_selective_scan() -> Callable | None:
         from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
     except Exception:  # not installed, or installed without its CUDA extension or its dependencies
         return None
-    return selective_scan_fn
+    # linrec's stand-in (linrec.integrations.install_namespaces) is no peer
+    return None if getattr(sys.modules.get("mamba_ssm"), "__linrec_namespace__", False) else selective_scan_fn
+
+
+class TimingSpread:
+    """The spread of each measurement the timers make: on the CPU the interquartile range of its calls, on
+    the GPU the range of its three measurements, over the median. A quiet machine keeps it at a few percent."""
+
+    #: The median spread beyond which the run's ratios are reported as unreliable.
+    LIMIT = 0.10
+
+    def __init__(self) -> None:
+        self.spreads: list[float] = []
+
+    def add(self, times: list[float]) -> float:
+        """Records the spread of ``times`` (one measurement's); returns their median."""
+        median = statistics.median(times)
+        if len(times) >= 3 and median > 0:
+            if len(times) >= 4:
+                low, _, high = statistics.quantiles(times, n=4)
+            else:
+                low, high = min(times), max(times)
+            self.spreads.append((high - low) / median)
+        return median
+
+    def median(self) -> float | None:
+        return statistics.median(self.spreads) if self.spreads else None
+
+
+#: The spread of every measurement since the last reset (main resets it).
+timing_spread = TimingSpread()
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     """Median milliseconds per call, after warm-up. On the GPU, the median of three separate
-    measurements: a single one of a kernel of a few microseconds was seen 25% off in either direction."""
+    measurements: a single one of a kernel of a few microseconds was seen 25% off in either direction.
+    Each measurement's spread goes to timing_spread."""
     if device.type == "cuda":
         try:
             from triton.testing import do_bench
@@ -362,7 +393,7 @@ def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
         # A process's first measurement was seen at half speed (0.45 instead of 0.98 of torch.add):
         # one throwaway measurement first.
         measure_once(lambda: torch.empty(1 << 20, device=device).fill_(1.0))
-        return lambda fn: statistics.median(measure_once(fn) for _ in range(3))
+        return lambda fn: timing_spread.add([measure_once(fn) for _ in range(3)])
     return _median_wall_clock
 
 
@@ -392,7 +423,7 @@ def _median_wall_clock(fn, budget_s: float = 0.3) -> float:
     deadline = time.perf_counter() + budget_s
     while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 100):
         times.append(time_one_call(fn, "cpu"))
-    return statistics.median(times)
+    return timing_spread.add(times)
 
 
 def kernel_backends(device: torch.device) -> dict[str, str]:
@@ -529,7 +560,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="tables (default), or guard: the benchmark guard, whose options --suite guard --help lists")
     default_device = "cuda" if torch.cuda.is_available() and HAS_CUDA_KERNELS else "cpu"
     parser.add_argument("--device", default=default_device, help=f"cpu or cuda (default: {default_device})")
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help=f"comma-separated, of {','.join(BENCH_DTYPES)} (default: float32,bfloat16)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for the CSV and PNG")
     parser.add_argument("--tables", default=",".join(TABLES),
                         help=f"comma-separated tables to measure, of {','.join(TABLES)} (default: all)")
@@ -539,14 +571,19 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--tables: expected names of {', '.join(TABLES)}, got {', '.join(map(repr, unknown))}")
 
-    device = torch.device(args.device)
-    dtypes = [getattr(torch, name.strip()) for name in args.dtypes.split(",")]
+    device = torch.device(guard.check_device(parser, args.device))
+    dtypes = parse_dtypes(parser, args.dtypes)
     try:
         from tqdm import tqdm as progress
     except ImportError:
         progress = lambda cases: cases  # noqa: E731
-    print(f"linrec {__version__}, torch {torch.__version__}, device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else f" ({torch.get_num_threads()} threads)"))
+    print("\n".join(guard.machine_info(device)))
+    core_use = guard.CoreUse()
+    if device.type == "cpu":
+        time.sleep(BUSY_PROBE_S)  # what other processes do before the first measurement
+        if (share := core_use.others()) is not None and share > guard.busy_limit():
+            print(f"warning: other processes keep {share:.0%} of the cores busy: the CPU timings below will be unreliable")
+    timing_spread.spreads.clear()
     args.out.mkdir(parents=True, exist_ok=True)
     if "time-last" in tables:
         shapes = gpu_shapes(device) if device.type == "cuda" else CPU_SHAPES
@@ -570,6 +607,40 @@ def main(argv: list[str] | None = None) -> None:
         print(SELECTIVE_SCAN_TITLE)
         print_table(selective_rows, SELECTIVE_SCAN_COLUMNS, [])
         write_csv(selective_rows, args.out / f"linrec-bench-selective-scan-{device.type}.csv")
+    print()
+    print(noise_report(device, core_use))
+
+
+#: Seconds of other processes' CPU use sampled before a CPU run starts.
+BUSY_PROBE_S = 0.5
+
+
+def noise_report(device: torch.device, core_use: guard.CoreUse) -> str:
+    """The run's noise in words: the median spread of its measurements and, on the CPU, the cores other
+    processes kept busy; a warning when either is beyond what a quiet machine shows."""
+    spread = timing_spread.median()
+    parts = [f"the median measurement's spread was {spread:.0%}" if spread is not None else "no measurement"]
+    busy = False
+    if device.type == "cpu" and (share := core_use.others()) is not None:
+        parts.append(f"other processes kept {share:.0%} of the cores busy")
+        busy = share > guard.busy_limit()
+    noisy = spread is not None and spread > TimingSpread.LIMIT
+    if busy or noisy:
+        return f"warning: the machine was busy or noisy ({'; '.join(parts)}): the ratios above are unreliable"
+    return f"noise: {'; '.join(parts)}"
+
+
+#: The dtypes the benchmarks take.
+BENCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128")
+
+
+def parse_dtypes(parser: argparse.ArgumentParser, text: str) -> list[torch.dtype]:
+    """--dtypes' comma-separated names as torch dtypes; one line of error (parser.error) for any other name."""
+    names = [name.strip().removeprefix("torch.") for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BENCH_DTYPES]
+    if unknown or not names:
+        parser.error(f"--dtypes: expected comma-separated names of {', '.join(BENCH_DTYPES)}, got {text!r}")
+    return [getattr(torch, name) for name in names]
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

@@ -796,21 +796,75 @@ def row_floor(row: Row, floor: float | None) -> float:
 # Output.
 
 
+_CPUINFO = Path("/proc/cpuinfo")
+# The x86 flags each instruction set of the CPU kernels needs (csrc/include/linrec/cpu/isa.h: best_cpu_isa).
+_ISA_FLAGS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    """The first value of a /proc/cpuinfo field (Linux), or None."""
+    try:
+        lines = _CPUINFO.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def cpu_instruction_set() -> str:
+    """The vector instruction set linrec's CPU kernels run with here: the best of avx512, avx2 and the baseline
+    (SSE2 on x86-64, NEON on aarch64) the CPU has, or the one LINREC_CPU_ISA names."""
+    requested = os.environ.get("LINREC_CPU_ISA")
+    if requested:
+        return f"{requested} (LINREC_CPU_ISA)"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "baseline (NEON)" if platform.machine() in ("aarch64", "arm64") else "baseline"
+    flags = set((_cpuinfo_field("flags") or "").split())
+    for isa, needed in _ISA_FLAGS.items():
+        if flags.issuperset(needed):
+            return isa
+    return "baseline (SSE2)" if flags else "unknown (no /proc/cpuinfo)"
+
+
+def cpu_description() -> str:
+    """CPU model, cores, torch's threads and the CPU kernels' instruction set, in one line."""
+    model = _cpuinfo_field("model name") or platform.processor() or platform.machine()
+    return (f"cpu {model}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
+            f"instruction set {cpu_instruction_set()}")
+
+
+def gpu_description(device: torch.device) -> str:
+    """The GPU's name, compute capability and memory, and torch's CUDA, in one line."""
+    properties = torch.cuda.get_device_properties(device)
+    return (f"gpu {properties.name}, compute capability {properties.major}.{properties.minor}, "
+            f"{properties.total_memory / 2**30:.0f} GiB, {properties.multi_processor_count} SMs, CUDA {torch.version.cuda}")
+
+
+def check_device(parser: argparse.ArgumentParser, name: str, why: str | None = None) -> str:
+    """--device: cpu, or cuda where torch sees a GPU and linrec has CUDA kernels; else one line of error,
+    starting with ``why`` (default: the option)."""
+    if name not in ("cpu", "cuda"):
+        parser.error(f"--device: expected cpu or cuda, got {name!r}")
+    why = why or f"--device {name}"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            parser.error(f"{why}: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        if not linrec.HAS_CUDA_KERNELS:
+            parser.error(f"{why}: this build of linrec has no CUDA kernels (python -m linrec info says why)")
+    return name
+
+
 def machine_info(device: torch.device) -> list[str]:
     """Lines that say which build ran where: written as the CSV's comments and printed above the table."""
     lines = [f"linrec {linrec.__version__} from {Path(linrec.__file__).parent}",
              f"torch {torch.__version__}, python {platform.python_version()}, {platform.platform()}"]
-    cpu = platform.processor()
-    if Path("/proc/cpuinfo").exists():
-        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")]
-        cpu = models[0] if models else cpu
-    isa = os.environ.get("LINREC_CPU_ISA")
-    lines.append(f"cpu {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
-                 + (f", LINREC_CPU_ISA={isa}" if isa else ""))
+    lines.append(cpu_description())
     if device.type == "cuda":
         triton_spec = importlib.util.find_spec("triton")
-        lines.append(f"gpu {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, "
+        lines.append(f"{gpu_description(device)}, "
                      + ("triton installed" if triton_spec is not None else "triton not installed"))
     lines.append(f"measured {time.strftime('%Y-%m-%d %H:%M:%S')}, device {device.type}")
     return lines
@@ -906,7 +960,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
 
-    device = torch.device(args.device)
+    device = torch.device(check_device(parser, args.device))
     info = machine_info(device)
     print("\n".join(info), flush=True)
     baseline = None

@@ -1,8 +1,9 @@
 """Prints what linrec was built for and what this machine runs: ``python -m linrec info``.
 
 The build: version, CUDA release and targets of the kernels, the oldest torch the libraries load
-into. The runtime: Python, torch and its CUDA, the NVIDIA driver, each GPU and which of the build's
-targets run on it, and, where the build's kernels cannot run, why. Paste it into bug reports.
+into. The runtime: Python, torch and its CUDA, the CPU (model, cores, torch's threads, the instruction set
+of the CPU kernels), the NVIDIA driver, each GPU and which of the build's targets run on it, and, where the
+build's kernels cannot run, why. Paste it into bug reports.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from .._core.library import _CUDA_LIBRARY, HAS_CUDA_KERNELS
 from .._core.runtime import build_info, cuda_driver_version, cuda_problem, cuda_version_name, targets_for
+from .guard import cpu_description
 
 
 def report() -> list[str]:
@@ -37,6 +39,7 @@ def report() -> list[str]:
         f"linrec {info['version']}",
         f"  build: {build}",
         f"  python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})",
+        f"  {cpu_description()}",
         f"  NVIDIA driver: {'supports CUDA ' + cuda_version_name(driver) if driver else 'none found'}",
         f"  CUDA kernels loaded: {cuda_kernels_state(info, driver, [problem for *_, problem in gpus])}",
     ]

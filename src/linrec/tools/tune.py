@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .._core.library import HAS_CUDA_KERNELS
 from .._core.runtime import build_info
-from .bench import gpu_shapes, timer
+from .bench import BENCH_DTYPES, gpu_shapes, parse_dtypes, timer
+from .guard import check_device
 
 _TILES = build_info().get("pipe_tile_shapes") or {"row": [], "chained": [], "strided": []}
 #: (threads per sequence, 16-byte vectors per thread) as the build record has them: the row tiles of the
@@ -33,16 +33,17 @@ PACKED_BACKWARD_TILE_SHAPES = TILE_SHAPES[-2:]
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m linrec tune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help=f"comma-separated, of {','.join(BENCH_DTYPES)} (default: float32,bfloat16)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
-    if not (torch.cuda.is_available() and HAS_CUDA_KERNELS):
-        raise SystemExit("python -m linrec tune needs a CUDA GPU and linrec's CUDA kernels")
+    dtypes = parse_dtypes(parser, args.dtypes)
+    check_device(parser, "cuda", why="it times linrec's CUDA kernels")
     device = torch.device("cuda")
     time_ms = timer(device)
     rows = []
     print(f"{'dtype':>8} {'shape':>14} {'dir':>3} {'auto x add':>10} {'best x add':>10} {'best config':>12}")
-    for dtype in [getattr(torch, name.strip()) for name in args.dtypes.split(",")]:
+    for dtype in dtypes:
         for sequences, length in gpu_shapes(device):
             inputs = torch.randn(sequences, length, device=device, dtype=dtype)
             coeffs = torch.rand_like(inputs)
