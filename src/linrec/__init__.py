@@ -12,17 +12,21 @@ src/linrec/_core/checks.py.
 
 from ._core.library import HAS_CUDA_KERNELS
 from ._version import __version__
+from .conv import causal_conv1d, causal_conv1d_update
 from .reference import REFERENCES, linrec_heinsen, linrec_hop, linrec_loop, linrec_reference
 from .scan import BACKENDS, last_states, linrec
 from .ssm import selective_scan
 from .state_update import selective_state_update
-from . import distributed, nn, rl, ssm
+from . import conv, distributed, nn, rl, ssm
 
 __all__ = [
     "BACKENDS",
     "HAS_CUDA_KERNELS",
     "REFERENCES",
     "__version__",
+    "causal_conv1d",
+    "causal_conv1d_update",
+    "conv",
     "distributed",
     "last_states",
     "linrec",
