@@ -16,15 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._core.checks import (
-    REAL_DTYPES,
-    as_bool,
-    check_cu_seqlens_values,
-    check_device,
-    check_dtype,
-    check_offsets,
-    check_tensor,
-)
+from ._core.checks import REAL_DTYPES, as_bool, check_device, check_dtype, check_tensor, packed_sequences
 
 __all__ = ["causal_conv1d", "causal_conv1d_update"]
 
@@ -74,15 +66,7 @@ def causal_conv1d(
     op = "linrec.causal_conv1d"
     return_final_states = as_bool(op, "return_final_states", return_final_states)
     batch, dim, length, width = _check_conv(op, x, weight, bias, activation)
-    rows = batch
-    if cu_seqlens is not None:
-        check_offsets(op, cu_seqlens, "x", x)
-        if batch != 1:
-            raise ValueError(f"{op}: with cu_seqlens, x must hold its sequences packed along its length with a batch "
-                             f"of 1, got shape {list(x.shape)}")
-        if not torch.compiler.is_compiling():
-            check_cu_seqlens_values(op, cu_seqlens, length)
-        rows = cu_seqlens.shape[0] - 1
+    rows = packed_sequences(op, cu_seqlens, "x", x)
     if initial_states is not None:
         check_tensor(op, "initial_states", initial_states)
         check_dtype(op, "initial_states", initial_states, REAL_DTYPES, "a real floating-point tensor")

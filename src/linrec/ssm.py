@@ -17,11 +17,10 @@ import torch.nn.functional as F
 from ._core.checks import (
     REAL_DTYPES,
     as_bool,
-    check_cu_seqlens_values,
     check_device,
     check_dtype,
-    check_offsets,
     check_tensor,
+    packed_sequences,
 )
 from ._core.selective_scan import as_operand, compute_dtypes, fused, runs_fused
 from .scan import BACKENDS, final_states, linrec
@@ -241,15 +240,7 @@ def _check(u, delta, A, B, C, D, z, delta_bias, initial, cu_seqlens) -> tuple[in
             raise ValueError(f"{_OP}: {name} must have shape (d,) = [{d}], got {_shape(named[name])}")
 
     complex_state = A.is_complex()
-    sequences = batch
-    if cu_seqlens is not None:
-        check_offsets(_OP, cu_seqlens, "u", u)
-        if batch != 1:
-            raise ValueError(f"{_OP}: with cu_seqlens, u must hold its sequences packed along its length with a "
-                             f"batch of 1, got shape {_shape(u)}")
-        if not torch.compiler.is_compiling():
-            check_cu_seqlens_values(_OP, cu_seqlens, length)
-        sequences = cu_seqlens.shape[0] - 1
+    sequences = packed_sequences(_OP, cu_seqlens, "u", u)
     if initial is not None:
         if initial.is_complex() and not complex_state:
             raise TypeError(f"{_OP}: initial is complex ({initial.dtype}) but A is real ({A.dtype}): "

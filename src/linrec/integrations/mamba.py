@@ -14,21 +14,9 @@ from ..state_update import selective_state_update as _state_update
 __all__ = ["mamba_inner_fn", "selective_scan_fn", "selective_state_update"]
 
 
-def selective_scan_fn(
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    delta_bias: torch.Tensor | None = None,
-    delta_softplus: bool = False,
-    return_last_state: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """mamba_ssm's ``selective_scan_fn``: :func:`linrec.selective_scan` with the same arguments (its last state is
-    differentiable too)."""
-    return selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+#: mamba_ssm's ``selective_scan_fn``: :func:`linrec.selective_scan` takes its arguments in its order (and, beyond
+#: them, keyword-only ones); its last state is differentiable too.
+selective_scan_fn = selective_scan
 
 
 def selective_state_update(
