@@ -199,3 +199,17 @@ X, W = torch.zeros(2, 4, 8), torch.zeros(4, 3)
 def test_errors(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_compiles_fullgraph_with_dynamic_lengths(device, seed):
+    """torch.compile(fullgraph=True) traces the packed convolution with its final states, and the compiled
+    function serves another length and other offsets."""
+    weight = random_values((8, 4), torch.float32, device)
+    compiled = torch.compile(lambda x, o: linrec.causal_conv1d(x, weight, None, "silu", cu_seqlens=o,
+                                                               return_final_states=True), fullgraph=True, dynamic=True)
+    for length, offsets in ((40, [0, 5, 17, 40]), (57, [0, 20, 57])):
+        x = random_values((1, 8, length), torch.float32, device)
+        offsets = torch.tensor(offsets, device=device)
+        for got, want in zip(compiled(x, offsets), linrec.causal_conv1d(x, weight, None, "silu", cu_seqlens=offsets,
+                                                                       return_final_states=True)):
+            torch.testing.assert_close(got, want)
