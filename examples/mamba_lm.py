@@ -49,7 +49,7 @@ class Mamba(nn.Module):
         inner, self.state = expand * width, state
         self.rank = math.ceil(width / 16)  # the low rank of the step sizes' projection
         self.in_proj = nn.Linear(width, 2 * inner, bias=False)
-        self.conv = nn.Conv1d(inner, inner, conv, groups=inner, padding=conv - 1)
+        self.conv = nn.Conv1d(inner, inner, conv, groups=inner)  # its parameters, for linrec.causal_conv1d
         self.x_proj = nn.Linear(inner, self.rank + 2 * state, bias=False)
         self.dt_proj = nn.Linear(self.rank, inner, bias=False)
         # Step sizes start between 0.001 and 0.1 (softplus of the bias), as Mamba initializes them.
@@ -62,11 +62,12 @@ class Mamba(nn.Module):
     def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(batch, length, width) -> (batch, length, width). With ``cache`` (a dict), also leaves in it what
         step() continues from: the conv's last inputs and the scan's last state."""
-        length = x.shape[1]
         u, z = self.in_proj(x).transpose(1, 2).chunk(2, dim=1)  # (batch, inner, length) each
-        if cache is not None:  # the last kernel - 1 inputs, zeros before the first
-            cache["conv"] = F.pad(u, (self.conv.kernel_size[0] - 1, 0))[..., length:]
-        u = F.silu(self.conv(u)[..., :length])  # causal: the padding's extra steps at the end are dropped
+        # The causal conv and SiLU; with a cache, also its last kernel - 1 inputs (zeros before the first).
+        u = linrec.causal_conv1d(u, self.conv.weight.squeeze(1), self.conv.bias, "silu",
+                                 return_final_states=cache is not None)
+        if cache is not None:
+            u, cache["conv"] = u
         dt, B, C = self.x_proj(u.transpose(1, 2)).split([self.rank, self.state, self.state], dim=-1)
         delta = self.dt_proj(dt).transpose(1, 2)  # (batch, inner, length)
         y = linrec.selective_scan(u, delta, -torch.exp(self.A_log), B.transpose(1, 2), C.transpose(1, 2), self.D, z,
@@ -76,12 +77,10 @@ class Mamba(nn.Module):
         return self.out_proj(y.transpose(1, 2))
 
     def step(self, x: torch.Tensor, cache: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One token, (batch, width) -> (batch, width), continuing from ``cache`` and updating it: the conv over
-        its window of inputs, the scan by linrec.selective_state_update, in place."""
+        """One token, (batch, width) -> (batch, width), continuing from ``cache`` and updating it in place: the conv
+        by linrec.causal_conv1d_update, the scan by linrec.selective_state_update."""
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (batch, inner) each
-        window = torch.cat([cache["conv"], u.unsqueeze(-1)], dim=-1)  # (batch, inner, kernel)
-        cache["conv"] = window[..., 1:]
-        u = F.silu((window * self.conv.weight.squeeze(1)).sum(-1) + self.conv.bias)
+        u = linrec.causal_conv1d_update(u, cache["conv"], self.conv.weight.squeeze(1), self.conv.bias, "silu")
         dt, B, C = self.x_proj(u).split([self.rank, self.state, self.state], dim=-1)
         y = linrec.selective_state_update(cache["ssm"], u, self.dt_proj(dt), -torch.exp(self.A_log), B, C, self.D, z,
                                           dt_bias=self.dt_bias, dt_softplus=True)
