@@ -213,3 +213,22 @@ def test_compiles_fullgraph_with_dynamic_lengths(device, seed):
         for got, want in zip(compiled(x, offsets), linrec.causal_conv1d(x, weight, None, "silu", cu_seqlens=offsets,
                                                                        return_final_states=True)):
             torch.testing.assert_close(got, want)
+
+
+def test_update_with_state_indices_compiles(device, seed):
+    """The decode step with padded batch rows traces whole (no shape depends on the indices) and writes as the
+    eager step does; a batch of padded rows only leaves the cache as it was."""
+    weight = random_values((3, 4), torch.float32, device)
+    step = torch.compile(linrec.causal_conv1d_update, fullgraph=True)
+    for indices in ([4, -1, 0], [-1, 2, -1], [-1, -1, -1], [1, 7, 3]):  # 7: past the rows, padded when compiled
+        cache = random_values((5, 3, 3), torch.float32, device)
+        x = random_values((3, 3), torch.float32, device)
+        indices = torch.tensor(indices, device=device)
+        eager_cache = cache.clone()
+        eager_indices = torch.where(indices < 5, indices, -1)
+        expected = linrec.causal_conv1d_update(x, eager_cache, weight, conv_state_indices=eager_indices)
+        before = cache.clone()
+        torch.testing.assert_close(step(x, cache, weight, conv_state_indices=indices), expected)
+        assert torch.equal(cache, eager_cache)
+        if (indices < 0).all():
+            assert torch.equal(cache, before)

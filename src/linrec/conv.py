@@ -126,7 +126,8 @@ def causal_conv1d_update(
         activation: None, or ``"silu"`` (``"swish"``).
         conv_state_indices: int32 or int64 (batch,): the row of ``conv_state`` of each batch row (continuous
             batching); a negative index marks a padded batch row, whose output is computed from zeros and whose
-            state is not written. None: batch row b takes row b.
+            state is not written. None: batch row b takes row b. Eager calls check the values (one read on the
+            host); under torch.compile they are not read, and an index past the rows counts as padded.
 
     Returns:
         The outputs, of ``x``'s shape and dtype.
@@ -171,18 +172,33 @@ def causal_conv1d_update(
         history = conv_state
     else:
         indices = conv_state_indices.to(torch.int64)
-        padded_row = indices < 0
-        history = conv_state.index_select(0, indices.clamp_min(0))
+        # Past the rows counts as padded too: torch.compile does not check the values (eager calls raise above).
+        padded_row = (indices < 0) | (indices >= conv_state.shape[0])
+        indices = torch.where(padded_row, 0, indices)
+        history = conv_state.index_select(0, indices) if conv_state.shape[0] else conv_state.new_zeros(
+            (batch, dim, state_len))
         history = history.masked_fill(padded_row.view(-1, 1, 1), 0)
     window = torch.cat([history.to(dtype), steps_x.to(dtype)], dim=-1)  # (batch, dim, state_len + steps)
     out = _filter(window[..., state_len - (width - 1):], weight, bias, activation, dtype).to(x.dtype)
     latest = window[..., steps:].to(conv_state.dtype)  # (batch, dim, state_len)
     if conv_state_indices is None:
         conv_state.copy_(latest)
-    else:
-        kept = ~padded_row
-        conv_state.index_copy_(0, indices[kept], latest[kept])
+    elif conv_state.shape[0]:
+        conv_state.index_copy_(0, *_written_rows(conv_state, indices, padded_row, latest))
     return out.squeeze(-1) if one_step else out
+
+
+def _written_rows(conv_state: torch.Tensor, indices: torch.Tensor, padded_row: torch.Tensor,
+                  latest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of conv_state to write and what to write there, one per batch row (``indices``: padded rows' 0),
+    with no shape that depends on the indices' values (no host synchronization, and torch.compile traces it
+    whole): a padded batch row writes what the first unpadded one writes, to the same row, or, where every
+    batch row is padded, row 0's own content back."""
+    first = torch.argmax((~padded_row).to(torch.int8)).view(1)  # the first unpadded batch row, or 0 where none is
+    target = torch.where(padded_row, indices.index_select(0, first), indices)
+    unchanged = conv_state.index_select(0, target)
+    instead = torch.where(padded_row.index_select(0, first).view(1, 1, 1), unchanged, latest.index_select(0, first))
+    return target, torch.where(padded_row.view(-1, 1, 1), instead, latest)
 
 
 def _check_conv(op: str, x, weight, bias, activation, x_shape: str = "(batch, dim, length)") -> tuple[int, int, int, int]:
