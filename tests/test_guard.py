@@ -240,5 +240,5 @@ def test_grids_are_valid_calls(grid):
             assert math.prod(case.shape) <= 1 << 28
     quick = [case for case in cases if case.quick]
     assert {type(case) for case in quick} == {guard.ScanCase, guard.GaeCase, guard.SelectiveScanCase,
-                                              guard.StateUpdateCase}
+                                              guard.StateUpdateCase, guard.CausalConvCase}
     assert {case.name for case in quick} >= {"time-last", "few-long", "packed-16", "nan", "tiny"}

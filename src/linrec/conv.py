@@ -13,6 +13,8 @@ runs as one ``torch.nn.functional.conv1d`` over the sequences laid end to end, e
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -236,7 +238,10 @@ def _filter(padded: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     steps), the bias added and the activation applied, in ``dtype`` (under autocast too)."""
     dim, width = weight.shape
     weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
-    with torch.autocast(padded.device.type, enabled=False):
+    device_type = padded.device.type
+    no_autocast = (torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type)
+                   else contextlib.nullcontext())  # meta tensors have no autocast
+    with no_autocast:
         if dim == 0 or padded.shape[-1] < width:  # nothing to filter, which conv1d refuses
             out = padded[..., width - 1:] * weight[:, -1:]
             out = out if bias is None else out + bias.unsqueeze(-1)

@@ -308,6 +308,39 @@ class StateUpdateCase(Case):
         return Workload(lambda: torch.add(state, state), {"api-fwd": lambda: step})
 
 
+@dataclass(frozen=True, kw_only=True)
+class CausalConvCase(Case):
+    """linrec.causal_conv1d (Mamba's causal conv) with a bias and SiLU: x (batch, d, length) in the dtype, the
+    weight (d, width) and bias float32; ``sequences`` packed along the length (batch 1) where given. Forward on
+    leaves that require grad, and the gradients of x, weight and bias. A build without the conv skips the row."""
+
+    batch: int
+    d: int
+    length: int
+    width: int = 4
+    sequences: int | None = None
+
+    def shape_text(self) -> str:
+        packed = f"/{self.sequences}seq" if self.sequences else ""
+        return f"{self.batch}x{self.d}x{self.length}w{self.width}{packed}"
+
+    def workload(self, device: torch.device) -> Workload:
+        x = torch.randn(self.batch, self.d, self.length, device=device, dtype=self.dtype, requires_grad=True)
+        weight = torch.randn(self.d, self.width, device=device, requires_grad=True)
+        bias = torch.randn(self.d, device=device, requires_grad=True)
+        offsets = None if self.sequences is None else packed_offsets(self.length, self.sequences).to(device)
+        d_out = torch.randn_like(x)
+
+        def forward() -> torch.Tensor:
+            return linrec.causal_conv1d(x, weight, bias, "silu", cu_seqlens=offsets)
+
+        def backward() -> Callable[[], object]:
+            out = forward()
+            return lambda: torch.autograd.grad(out, (x, weight, bias), d_out, retain_graph=True)
+
+        return Workload(lambda: torch.add(x.detach(), d_out), {"api-fwd": lambda: forward, "api-bwd": backward})
+
+
 def packed_offsets(length: int, sequences: int, empty: bool = False, seed: int = 0) -> torch.Tensor:
     """int32 cu_seqlens of ``sequences`` sequences of random unequal lengths that fill ``length``, the same
     on every run; with ``empty``, one of them is empty."""
@@ -383,6 +416,8 @@ def cpu_cases() -> list[Case]:
         GaeCase(name="gae", shape=(2048, 1024), quick=True),
         *selective_scan_cases(2, 128, 1024),
         StateUpdateCase(name="selective-step", batch=16, d=1024, n=16, dtype=BF16, quick=True),
+        CausalConvCase(name="causal-conv", batch=2, d=256, length=4096, dtype=BF16, quick=True),
+        CausalConvCase(name="causal-conv", batch=1, d=256, length=8192, sequences=16),
         *tiny_cases(),
     ]
 
@@ -419,6 +454,8 @@ def gpu_cases() -> list[Case]:
         *(StateUpdateCase(name="selective-step", batch=batch, d=5120, n=16, dtype=BF16, quick=batch == 64)
           for batch in (1, 64)),
         StateUpdateCase(name="selective-step", batch=64, d=5120, n=64, dtype=BF16),
+        CausalConvCase(name="causal-conv", batch=8, d=2048, length=2048, dtype=BF16, quick=True),
+        CausalConvCase(name="causal-conv", batch=1, d=2048, length=65536, dtype=BF16, sequences=64),
         *tiny_cases(),
     ]
 
