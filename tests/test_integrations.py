@@ -162,8 +162,8 @@ def test_namespaces_serve_the_import_paths(restored_modules):
 
 # ----- transformers -------------------------------------------------------------------------------------------
 
-def tiny_models():
-    """(name, a tiny random model of each Mamba-family class transformers has, with its vocabulary size)."""
+def tiny_models(device):
+    """(name, a tiny random model) of each Mamba-family class transformers has, on ``device``."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     mamba = dict(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4, expand=2,
@@ -178,11 +178,11 @@ def tiny_models():
                                           attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
                                           num_experts=2, use_mamba_kernels=False)
         models.append(("jamba", transformers.JambaForCausalLM(config)))
-    return models
+    return [(name, model.to(device)) for name, model in models]
 
 
 def run_model(model, ids):
-    """Training loss and gradients, then greedy generation with the cache (tokens and logits), on the CPU."""
+    """Training loss and gradients, then greedy generation with the cache (tokens and logits)."""
     model.train()
     model.zero_grad()
     loss = model(ids, labels=ids).loss
@@ -196,11 +196,11 @@ def run_model(model, ids):
     return loss.detach(), grads, generated, prefill
 
 
-def test_transformers_models_run_on_linrec(seed, restored_modules, monkeypatch):
+def test_transformers_models_run_on_linrec(device, seed, restored_modules, monkeypatch):
     """Each Mamba-family model of transformers: training loss and gradients, and generation with the cache,
     equal to transformers' own PyTorch path within float32 rounding once linrec serves its functions, every one
     of which then runs; the decoding steps agree with the prefill of the sequence they generate."""
-    models = tiny_models()
+    models = tiny_models(device)
     import linrec.integrations.transformers as hf
 
     calls = {}
@@ -210,7 +210,7 @@ def test_transformers_models_run_on_linrec(seed, restored_modules, monkeypatch):
             return _function(*args, **kwargs)
         counted.__signature__ = importlib.import_module("inspect").signature(function)
         monkeypatch.setitem(hf._FUNCTIONS, name, counted)
-    ids = torch.randint(0, 64, (2, 13))
+    ids = torch.randint(0, 64, (2, 13), device=device)
     expected = {name: run_model(model, ids) for name, model in models}
     enabled = hf.enable()
     for name, model in models:
