@@ -187,6 +187,8 @@ X, W = torch.zeros(2, 4, 8), torch.zeros(4, 3)
     (lambda: linrec.causal_conv1d(X, W, cu_seqlens=torch.tensor([0, 8])), ValueError, "with cu_seqlens, x must hold"),
     (lambda: linrec.causal_conv1d(X[:1], W, cu_seqlens=torch.tensor([0, 9])), ValueError, "cu_seqlens must end at"),
     (lambda: linrec.causal_conv1d(X, [1.0]), TypeError, "weight must be a torch.Tensor, got list"),
+    (lambda: linrec.causal_conv1d_update(X[0, 0], torch.zeros(2, 4, 2), W), ValueError,
+     r"x must be \(batch, dim\) or \(batch, dim, steps\), got shape \[8\]"),
     (lambda: linrec.causal_conv1d_update(X, torch.zeros(2, 4, 1), W), ValueError,
      r"conv_state must be \(batch, dim, state_len\) with dim = 4 and state_len >= width - 1 = 2, batch = 2"),
     (lambda: linrec.causal_conv1d_update(X[..., 0], torch.zeros(3, 4, 2), W,

@@ -143,9 +143,11 @@ def causal_conv1d_update(
     """
     op = "linrec.causal_conv1d_update"
     check_tensor(op, "x", x)
+    if x.dim() not in (2, 3):
+        raise ValueError(f"{op}: x must be (batch, dim) or (batch, dim, steps), got shape {list(x.shape)}")
     one_step = x.dim() == 2
     steps_x = x.unsqueeze(-1) if one_step else x
-    batch, dim, steps, width = _check_conv(op, steps_x, weight, bias, activation, x_shape="(batch, dim) or (batch, dim, steps)")
+    batch, dim, steps, width = _check_conv(op, steps_x, weight, bias, activation)
     check_tensor(op, "conv_state", conv_state)
     check_dtype(op, "conv_state", conv_state, REAL_DTYPES, "a real floating-point tensor")
     check_device(op, "conv_state", conv_state, "x", x.device)
@@ -203,12 +205,12 @@ def _written_rows(conv_state: torch.Tensor, indices: torch.Tensor, padded_row: t
     return target, torch.where(padded_row.view(-1, 1, 1), instead, latest)
 
 
-def _check_conv(op: str, x, weight, bias, activation, x_shape: str = "(batch, dim, length)") -> tuple[int, int, int, int]:
+def _check_conv(op: str, x, weight, bias, activation) -> tuple[int, int, int, int]:
     """Checks x (3-dim), weight, bias and activation; returns (batch, dim, length, width)."""
     check_tensor(op, "x", x)
     check_dtype(op, "x", x, REAL_DTYPES, "a real floating-point tensor")
     if x.dim() != 3:
-        raise ValueError(f"{op}: x must be {x_shape}, got shape {list(x.shape)}")
+        raise ValueError(f"{op}: x must be (batch, dim, length), got shape {list(x.shape)}")
     batch, dim, length = x.shape
     check_tensor(op, "weight", weight)
     check_dtype(op, "weight", weight, REAL_DTYPES, "a real floating-point tensor")
