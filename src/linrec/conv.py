@@ -18,13 +18,21 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ._core.checks import REAL_DTYPES, as_bool, check_device, check_dtype, check_tensor, packed_sequences
+from ._core.checks import (
+    INDEX_DTYPES,
+    REAL_DTYPES,
+    as_bool,
+    check_cache_row_values,
+    check_device,
+    check_dtype,
+    check_tensor,
+    packed_sequences,
+)
 
 __all__ = ["causal_conv1d", "causal_conv1d_update"]
 
 #: The activations the convolution applies: none, or SiLU under either name.
 ACTIVATIONS = (None, "silu", "swish")
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def causal_conv1d(
@@ -82,7 +90,13 @@ def causal_conv1d(
     starts = (x.new_zeros((rows, dim, width - 1), dtype=dtype) if initial_states is None
               else initial_states.to(dtype))
     values = x.to(dtype)
-    if cu_seqlens is None:
+    if cu_seqlens is None and initial_states is None and length > 0 and dim > 0:
+        # Zeros before the first step: conv1d's own padding, with no copy of x (its extra outputs dropped).
+        out = _filter(values, weight, bias, activation, dtype, pad_before=True)
+        # The last width - 1 inputs, zeros in front where there are fewer steps.
+        tail = values[..., max(0, length - (width - 1)):]
+        final = torch.cat([starts, tail], dim=-1)[..., tail.shape[-1]:]
+    elif cu_seqlens is None:
         padded = torch.cat([starts, values], dim=-1)  # (batch, dim, width - 1 + length)
         out = _filter(padded, weight, bias, activation, dtype)
         final = padded[..., padded.shape[-1] - (width - 1):]
@@ -127,9 +141,10 @@ def causal_conv1d_update(
         bias: (dim,), or None.
         activation: None, or ``"silu"`` (``"swish"``).
         conv_state_indices: int32 or int64 (batch,): the row of ``conv_state`` of each batch row (continuous
-            batching); a negative index marks a padded batch row, whose output is computed from zeros and whose
-            state is not written. None: batch row b takes row b. Eager calls check the values (one read on the
-            host); under torch.compile they are not read, and an index past the rows counts as padded.
+            batching), distinct; a negative index marks a padded batch row, whose output is computed from zeros
+            and whose state is not written. None: batch row b takes row b. Eager calls check the values (one read
+            on the host); under torch.compile or CUDA graph capture they are not read, and an index past the rows
+            counts as padded.
 
     Returns:
         The outputs, of ``x``'s shape and dtype.
@@ -159,16 +174,12 @@ def causal_conv1d_update(
                          + f", got shape {list(conv_state.shape)}")
     if conv_state_indices is not None:
         check_tensor(op, "conv_state_indices", conv_state_indices)
-        if conv_state_indices.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"{op}: conv_state_indices must be torch.int32 or torch.int64, got {conv_state_indices.dtype}")
+        check_dtype(op, "conv_state_indices", conv_state_indices, INDEX_DTYPES)
         check_device(op, "conv_state_indices", conv_state_indices, "x", x.device)
         if list(conv_state_indices.shape) != [batch]:
             raise ValueError(f"{op}: conv_state_indices must have shape (batch,) = [{batch}], got "
                              f"{list(conv_state_indices.shape)}")
-        slots = conv_state.shape[0]
-        if not torch.compiler.is_compiling() and bool((conv_state_indices >= slots).any()):
-            raise ValueError(f"{op}: conv_state_indices must be below the {slots} rows of conv_state (negative: "
-                             f"a padded batch row), got {conv_state_indices.max().item()}")
+        check_cache_row_values(op, "conv_state_indices", conv_state_indices, "conv_state", conv_state.shape[0])
 
     dtype = _compute_dtype(x, weight, bias, conv_state)
     state_len = conv_state.shape[2]
@@ -235,16 +246,19 @@ def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
 
 
 def _filter(padded: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
-            dtype: torch.dtype) -> torch.Tensor:
+            dtype: torch.dtype, pad_before: bool = False) -> torch.Tensor:
     """The valid depthwise convolution of ``padded`` (rows, dim, width - 1 + steps) with ``weight``: (rows, dim,
-    steps), the bias added and the activation applied, in ``dtype`` (under autocast too)."""
+    steps), the bias added and the activation applied, in ``dtype`` (under autocast too). ``pad_before``:
+    ``padded`` is (rows, dim, steps), with steps >= 1 and dim >= 1, and zeros stand before it."""
     dim, width = weight.shape
     weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
     device_type = padded.device.type
     no_autocast = (torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type)
                    else contextlib.nullcontext())  # meta tensors have no autocast
     with no_autocast:
-        if dim == 0 or padded.shape[-1] < width:  # nothing to filter, which conv1d refuses
+        if pad_before:  # conv1d pads both ends: the outputs past the last step are dropped
+            out = F.conv1d(padded, weight.unsqueeze(1), bias, padding=width - 1, groups=dim)[..., :padded.shape[-1]]
+        elif dim == 0 or padded.shape[-1] < width:  # nothing to filter, which conv1d refuses
             out = padded[..., width - 1:] * weight[:, -1:]
             out = out if bias is None else out + bias.unsqueeze(-1)
         else:

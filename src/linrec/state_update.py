@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import torch
 
-from ._core.checks import REAL_DTYPES, as_bool, check_device, check_dtype, check_tensor
+from ._core.checks import (
+    INDEX_DTYPES,
+    REAL_DTYPES,
+    as_bool,
+    check_cache_row_values,
+    check_device,
+    check_dtype,
+    check_tensor,
+)
 from ._core.selective_scan import compute_dtypes, fused_operands
 from .ssm import selective_scan
 
 __all__ = ["selective_state_update"]
 
 _OP = "linrec.selective_state_update"
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def selective_state_update(
@@ -161,7 +168,7 @@ def _check(state, x, dt, A, B, C, D, z, dt_bias, indices) -> tuple[int, int, int
             continue
         check_device(_OP, name, tensor, "x", x.device)
         if name == "state_batch_indices":
-            check_dtype(_OP, name, tensor, _INDEX_DTYPES)
+            check_dtype(_OP, name, tensor, INDEX_DTYPES)
         elif name in ("state", "A", "B", "C"):
             check_dtype(_OP, name, tensor, REAL_DTYPES + complex_types, "a real or complex floating-point tensor")
         else:
@@ -216,25 +223,9 @@ def _check(state, x, dt, A, B, C, D, z, dt_bias, indices) -> tuple[int, int, int
     else:
         if indices.shape != (batch,):
             raise ValueError(f"{_OP}: state_batch_indices must be (batch,) = [{batch}], got {_shape(indices)}")
-        # Reading the values synchronizes with the GPU, which a compiled or captured call cannot do: there the
-        # kernels take an index past the rows as a padded row's.
-        if (not torch.compiler.is_compiling() and batch > 0
-                and not (indices.is_cuda and torch.cuda.is_current_stream_capturing())):
-            _check_index_values(indices, slots)
+        check_cache_row_values(_OP, "state_batch_indices", indices, "state", slots)
     d = 1
     for size in channels:
         d *= size
     return batch, d, n
 
-
-def _check_index_values(indices: torch.Tensor, slots: int) -> None:
-    """The indices' values: below the state's rows, and distinct where not negative (one read of the values on
-    the host, in eager mode only)."""
-    kept = indices[indices >= 0]
-    largest = int(kept.max()) if kept.numel() else -1
-    if largest >= slots:
-        raise ValueError(f"{_OP}: state_batch_indices must be below state's {slots} rows (or negative for a padded "
-                         f"row), got {largest}")
-    if kept.unique().numel() != kept.numel():
-        raise ValueError(f"{_OP}: state_batch_indices must be distinct (each state row is updated by one batch row), "
-                         f"got {indices.tolist()}")

@@ -61,6 +61,8 @@ import torch
 
 REAL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 SUPPORTED_DTYPES = (*REAL_DTYPES, torch.complex64, torch.complex128)
+#: The dtypes of indices into a cache of state rows (the decode steps' batch rows).
+INDEX_DTYPES = (torch.int32, torch.int64)
 #: The input dtypes whose coeffs and initial may also be float32.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # The C++ ops' words for SUPPORTED_DTYPES (csrc/include/linrec/ops.h), which the fake kernels repeat.
@@ -238,6 +240,24 @@ def packed_sequences(op: str, cu_seqlens: torch.Tensor | None, values_name: str,
     if not torch.compiler.is_compiling() and cu_seqlens.device.type != "meta":  # meta offsets hold no values
         check_cu_seqlens_values(op, cu_seqlens, values.shape[-1])
     return cu_seqlens.shape[0] - 1
+
+
+def check_cache_row_values(op: str, name: str, indices: torch.Tensor, cache_name: str, slots: int) -> None:
+    """The values of ``indices`` (batch,), the rows of the cache ``cache_name`` that the batch rows update: below
+    its ``slots`` rows and distinct where not negative (negative: a padded batch row). One read of the values on
+    the host, so not made under torch.compile or CUDA graph capture, where the ops take an index past the rows as
+    a padded row's."""
+    if (torch.compiler.is_compiling() or indices.numel() == 0
+            or (indices.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return
+    kept = indices[indices >= 0]
+    largest = int(kept.max()) if kept.numel() else -1
+    if largest >= slots:
+        raise ValueError(f"{op}: {name} must be below {cache_name}'s {slots} rows (or negative for a padded row), "
+                         f"got {largest}")
+    if kept.unique().numel() != kept.numel():
+        raise ValueError(f"{op}: {name} must be distinct (each {cache_name} row is updated by one batch row), got "
+                         f"{indices.tolist()}")
 
 
 def check_packed_layout(op: str, values_name: str, values: torch.Tensor, dim: int) -> None:
