@@ -296,7 +296,8 @@ def native_libraries() -> list[NativeLibrary]:
     libraries.append(NativeLibrary(
         "linrec._C_cuda", ["csrc/kernels/cuda/linrec_cuda.cpp", "csrc/kernels/cuda/device.cu",
                            "csrc/kernels/cuda/pipe_scan.cu", "csrc/kernels/cuda/bulk_scan.cu",
-                           "csrc/kernels/cuda/scan_launch.cu", "csrc/kernels/cuda/selective_scan.cu"],
+                           "csrc/kernels/cuda/scan_launch.cu", "csrc/kernels/cuda/selective_scan.cu",
+                           "csrc/kernels/cuda/causal_conv.cu"],
         cuda_archs=archs))
     return libraries
 

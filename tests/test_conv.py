@@ -15,29 +15,29 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
 def loop_conv(x, weight, bias=None, activation=None, initial_states=None, cu_seqlens=None):
-    """The convolution step by step in float64: (out, final states), each sequence from its own start."""
+    """The convolution sequence by sequence in float64: (out, final states), each sequence from its own start,
+    each step the sum of its window of width inputs times the taps."""
     x, weight, bias, initial_states = (wide(t) if t is not None and not t.requires_grad else t
                                        for t in (x, weight, bias, initial_states))
     batch, dim, length = x.shape
     width = weight.shape[1]
     bounds = [(row, 0, length) for row in range(batch)] if cu_seqlens is None else [
         (0, start, end) for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:])]
-    outputs, finals = [], []
+    pieces = {row: [] for row in range(batch)}
+    finals = []
     for sequence, (row, start, end) in enumerate(bounds):
         history = (torch.zeros(dim, width - 1, dtype=x.dtype) if initial_states is None
                    else initial_states[sequence])
         steps = torch.cat([history, x[row, :, start:end]], dim=-1)
-        for t in range(end - start):
-            value = (steps[:, t:t + width] * weight).sum(-1)
-            if bias is not None:
-                value = value + bias
-            outputs.append((row, start + t, F.silu(value) if activation else value))
+        value = (steps.unfold(-1, width, 1) * weight.unsqueeze(1)).sum(-1) if end > start else \
+            steps.new_zeros(dim, 0)  # (dim, end - start)
+        if bias is not None:
+            value = value + bias.unsqueeze(-1)
+        pieces[row].append(F.silu(value) if activation else value)
         finals.append(steps[:, steps.shape[1] - (width - 1):])
-    out = torch.zeros(batch, length, dim, dtype=x.dtype)
-    if outputs:
-        rows, steps, values = zip(*outputs)
-        out = out.index_put((torch.tensor(rows), torch.tensor(steps)), torch.stack(values))
-    return out.transpose(1, 2), torch.stack(finals) if finals else torch.zeros(0, dim, width - 1, dtype=x.dtype)
+    out = torch.stack([torch.cat(pieces[row], -1) if pieces[row] else x.new_zeros(dim, 0) for row in range(batch)]) \
+        if batch else x.new_zeros(0, dim, length)
+    return out, torch.stack(finals) if finals else torch.zeros(0, dim, width - 1, dtype=x.dtype)
 
 
 def check(x, weight, bias=None, activation=None, initial_states=None, cu_seqlens=None):
@@ -83,6 +83,66 @@ def test_packed_sequences(device, seed, width):
     initial = random_values((len(cu_seqlens) - 1, 5, width - 1), torch.float64, device)
     check(x, weight, random_values((5,), torch.float64, device), "swish", initial, cu_seqlens)
     check(x.detach(), weight.detach(), None, None, None, cu_seqlens)
+
+
+def laid_out(values: torch.Tensor, layout: str) -> torch.Tensor:
+    """values (batch, dim, length) as a time-last tensor, a channel-last one ((batch, length, dim) transposed),
+    or the first dim channels of a (batch, length, 2 dim) tensor transposed (how Mamba slices its projection)."""
+    if layout == "time-last":
+        return values.clone()
+    if layout == "channel-last":
+        return values.transpose(1, 2).contiguous().transpose(1, 2)
+    batch, dim, length = values.shape
+    wider = torch.cat([values.transpose(1, 2), torch.full_like(values.transpose(1, 2), float("nan"))], -1)
+    return wider.contiguous()[..., :dim].transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["time-last", "channel-last", "channel-slice"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("length", [2048, 2049, 3001])
+def test_long_rows(device, seed, dtype, length, layout):
+    """Rows of several of the kernels' tiles (1024 steps of 16-bit values a block, 512 of float32, 256 of
+    float64; channel-last blocks of 128 steps), whole and odd (a time-last row not 16-byte aligned), in every
+    layout, 16 channels (vectors of channels) and 3, and packed sequences whose boundaries fall inside a
+    thread's steps, on a thread's edge and on a block's."""
+    cu_seqlens = [0, 7, 8, 9, 255, 256, 511, 512, 1024, 1025, 1500, length]
+    for dim in (16, 3):
+        weight = random_values((dim, 4), torch.float32 if dtype != torch.float64 else dtype, device)
+        bias = random_values((dim,), weight.dtype, device)
+        check(laid_out(random_values((2, dim, length), dtype, device), layout), weight, bias, "silu",
+              random_values((2, dim, 3), dtype, device))
+        check(laid_out(random_values((1, dim, length), dtype, device), layout), weight.detach(), bias.detach(),
+              "silu", random_values((len(cu_seqlens) - 1, dim, 3), dtype, device), cu_seqlens)
+
+
+def test_second_derivative(device, seed):
+    """A graph of the backward (create_graph) differentiates again: gradgradcheck in float64."""
+    x = random_values((2, 3, 41), torch.float64, device).requires_grad_()
+    weight = random_values((3, 4), torch.float64, device).requires_grad_()
+    bias = random_values((3,), torch.float64, device).requires_grad_()
+    initial = random_values((2, 3, 3), torch.float64, device).requires_grad_()
+    torch.autograd.gradgradcheck(lambda *args: linrec.causal_conv1d(*args[:3], "silu", args[3],
+                                                                    return_final_states=True),
+                                 (x, weight, bias, initial))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not linrec.HAS_CUDA_KERNELS, reason="needs linrec's CUDA kernels")
+def test_gpu_calls_take_the_kernels(monkeypatch, seed):
+    """On the GPU, widths 1 to 4 run on the CUDA ops (forward, backward and decode step); width 5 composes."""
+    from linrec._core import causal_conv
+
+    calls = []
+    for name in ("_FORWARD", "_BACKWARD", "_UPDATE"):
+        op = getattr(causal_conv, name)
+        monkeypatch.setattr(causal_conv, name, lambda *args, _op=op, _name=name: calls.append(_name) or _op(*args))
+    for width in (1, 4, 5):
+        calls.clear()
+        x = random_values((2, 3, 20), torch.float32, "cuda").requires_grad_()
+        weight = random_values((3, width), torch.float32, "cuda")
+        linrec.causal_conv1d(x, weight, activation="silu").sum().backward()
+        linrec.causal_conv1d_update(x.detach()[..., 0], torch.zeros(2, 3, max(width - 1, 1), device="cuda"), weight)
+        assert calls == ([] if width > 4 else ["_FORWARD", "_BACKWARD", "_UPDATE"]), width
 
 
 def test_packed_sequences_never_see_each_other(device, seed):
@@ -238,3 +298,24 @@ def test_update_with_state_indices_compiles(device, seed):
         assert torch.equal(cache, eager_cache)
         if (indices < 0).all():
             assert torch.equal(cache, before)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not linrec.HAS_CUDA_KERNELS, reason="needs linrec's CUDA kernels")
+@pytest.mark.parametrize("layout", ["time-last", "channel-last"])
+def test_opcheck(seed, layout):
+    """torch.library.opcheck on the CUDA ops: schemas, fake kernels, the forward's autograd, the decode step's
+    in-place write."""
+    x = laid_out(random_values((2, 8, 45), torch.float32, "cuda"), layout).requires_grad_()
+    weight = random_values((8, 4), torch.float32, "cuda").requires_grad_()
+    bias = random_values((8,), torch.float32, "cuda").requires_grad_()
+    initial = random_values((2, 8, 3), torch.float32, "cuda").requires_grad_()
+    torch.library.opcheck(torch.ops.linrec.causal_conv1d_forward.default, (x, weight, bias, True, initial, None, True))
+    packed = random_values((1, 8, 45), torch.float32, "cuda")
+    offsets = torch.tensor([0, 2, 30, 45], device="cuda", dtype=torch.int32)
+    torch.library.opcheck(torch.ops.linrec.causal_conv1d_forward.default,
+                          (packed, weight.detach(), None, False, None, offsets, True))
+    state = random_values((3, 8, 5), torch.float32, "cuda")
+    indices = torch.tensor([2, -1], device="cuda")
+    torch.library.opcheck(torch.ops.linrec.causal_conv1d_update.default,
+                          (state, random_values((2, 8, 2), torch.float32, "cuda"), weight.detach(), None, True, indices))

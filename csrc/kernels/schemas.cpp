@@ -45,4 +45,20 @@ STABLE_TORCH_LIBRARY(linrec, m) {
         "Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? initial, "
         "Tensor? cu_seqlens, Tensor checkpoints, bool deterministic=False) -> (Tensor, Tensor, Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Mamba's causal depthwise convolution over time (width 1 to 4; linrec.causal_conv1d composes wider ones):
+  // out[b, c, t] = act(bias[c] + sum_k weight[c, k] * x[b, c, t - (width - 1) + k]), act SiLU where silu, the
+  // steps before a sequence's first reading initial_states (zeros when None); cu_seqlens packs sequences along
+  // the length (batch 1). x contiguous; weight, bias and initial_states float32 (float64 beside float64 x).
+  // Returns (out, final_states): the last width - 1 inputs of every sequence where return_final_states, else empty.
+  m.def("causal_conv1d_forward(Tensor x, Tensor weight, Tensor? bias=None, bool silu=False, "
+        "Tensor? initial_states=None, Tensor? cu_seqlens=None, bool return_final_states=False) -> (Tensor, Tensor)");
+  // Gradients of causal_conv1d_forward for d_out and d_final_states (None: zero): (d_x, d_weight, d_bias,
+  // d_initial_states), empty for absent optional arguments; deterministic.
+  m.def("causal_conv1d_backward(Tensor d_out, Tensor? d_final_states, Tensor x, Tensor weight, Tensor? bias, "
+        "bool silu, Tensor? initial_states, Tensor? cu_seqlens) -> (Tensor, Tensor, Tensor, Tensor)");
+  // The decode step: x (batch, dim, steps) after each batch row's row of conv_state (slots, dim, state_len >=
+  // width - 1; x's dtype or float32), which then holds the latest state_len inputs (conv_state_indices: int32 or
+  // int64 (batch,), a negative entry or one past the rows a padded batch row, from zeros and written nowhere).
+  m.def("causal_conv1d_update(Tensor(a!) conv_state, Tensor x, Tensor weight, Tensor? bias=None, bool silu=False, "
+        "Tensor? conv_state_indices=None) -> Tensor");
 }

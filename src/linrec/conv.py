@@ -6,9 +6,12 @@ causally: the output at step ``t`` reads the inputs at steps ``t - width + 1`` t
     out[b, c, t] = activation(bias[c] + sum over k of weight[c, k] * x[b, c, t - (width - 1) + k])
 
 Steps before the first read the ``width - 1`` values of ``initial_states`` (zeros without it). With
-``cu_seqlens`` each packed sequence starts afresh: no output reads a step of another sequence. The convolution
-runs as one ``torch.nn.functional.conv1d`` over the sequences laid end to end, each preceded by its own
-``width - 1`` starting values, so its derivatives are torch's.
+``cu_seqlens`` each packed sequence starts afresh: no output reads a step of another sequence.
+
+On a GPU, widths 1 to 4 run on linrec's CUDA kernels (csrc/include/linrec/conv/): one read of x and one write of
+the output, the backward one read of x and of the upstream gradient and one write of x's gradient. Elsewhere
+(the CPU, wider kernels, torch.func transforms) the convolution runs as one ``torch.nn.functional.conv1d`` over
+the sequences laid end to end, each preceded by its own ``width - 1`` starting values, with torch's derivatives.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ._core import causal_conv as kernels
 from ._core.checks import (
     INDEX_DTYPES,
     REAL_DTYPES,
@@ -86,6 +90,23 @@ def causal_conv1d(
             raise ValueError(f"{op}: initial_states must have shape ({what}, dim, width - 1) = {[rows, dim, width - 1]}, "
                              f"got {list(initial_states.shape)}")
 
+    real_dtype = _compute_dtype(x, weight, bias, initial_states)
+    if kernels.runs_on_kernels(x, width) and real_dtype == _compute_dtype(x):
+        out, final = kernels.forward(x, weight, bias, activation is not None, initial_states, cu_seqlens,
+                                     return_final_states, real_dtype)
+    else:
+        out, final = composed_causal_conv1d(x, weight, bias, activation, initial_states, cu_seqlens)
+    return (out, final) if return_final_states else out
+
+
+def composed_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
+                           initial_states: torch.Tensor | None,
+                           cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """causal_conv1d's (out, final_states) from torch's ops (checked arguments): one conv1d over the sequences
+    laid end to end, each preceded by its own width - 1 starting values; its derivatives are torch's."""
+    dim, length = x.shape[1:]
+    width = weight.shape[1]
+    rows = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     dtype = _compute_dtype(x, weight, bias, initial_states)
     starts = (x.new_zeros((rows, dim, width - 1), dtype=dtype) if initial_states is None
               else initial_states.to(dtype))
@@ -116,7 +137,7 @@ def causal_conv1d(
         end_slot = start_slot + (offsets[1:] - offsets[:-1]).unsqueeze(1)  # the width - 1 slots before each end
         final = padded.index_select(1, end_slot.flatten()).reshape(dim, rows, width - 1).permute(1, 0, 2)
     out = out.to(x.dtype)
-    return (out, final.to(x.dtype).contiguous()) if return_final_states else out
+    return out, final.to(x.dtype).contiguous()
 
 
 def causal_conv1d_update(
@@ -182,6 +203,10 @@ def causal_conv1d_update(
         check_cache_row_values(op, "conv_state_indices", conv_state_indices, "conv_state", conv_state.shape[0])
 
     dtype = _compute_dtype(x, weight, bias, conv_state)
+    if (kernels.runs_on_kernels(x, width) and dtype == _compute_dtype(x) and conv_state.is_contiguous()
+            and conv_state.dtype in (x.dtype, torch.float32) and not _records_gradient(x, weight, bias)):
+        out = kernels.update(conv_state, steps_x, weight, bias, activation is not None, conv_state_indices, dtype)
+        return out.squeeze(-1) if one_step else out
     state_len = conv_state.shape[2]
     if conv_state_indices is None:
         history = conv_state
@@ -214,6 +239,11 @@ def _written_rows(conv_state: torch.Tensor, indices: torch.Tensor, padded_row: t
     unchanged = conv_state.index_select(0, target)
     instead = torch.where(padded_row.index_select(0, first).view(1, 1, 1), unchanged, latest.index_select(0, first))
     return target, torch.where(padded_row.view(-1, 1, 1), instead, latest)
+
+
+def _records_gradient(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call records a graph: the decode step's kernel has no derivatives, the composed step has torch's."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _check_conv(op: str, x, weight, bias, activation) -> tuple[int, int, int, int]:

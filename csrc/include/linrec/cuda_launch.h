@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "linrec/conv/params.h"
 #include "linrec/params.h"
 #include "linrec/plan.h"
 #include "linrec/ssm/params.h"
@@ -57,6 +58,11 @@ void launch(const ssm::Plan& plan, const ssm::BackwardParams& params, cudaStream
 // Its decode step (ssm/step_kernels.cuh): no plan to make, one kernel.
 ssm::Plan make_plan(const ssm::StateUpdateParams& params);
 void launch(const ssm::Plan& plan, const ssm::StateUpdateParams& params, cudaStream_t stream);
+
+// The causal depthwise convolution (conv/kernels.cuh): no plan to make, its kernels launched in order.
+void launch(const conv::ForwardParams& params, cudaStream_t stream);
+void launch(const conv::BackwardParams& params, cudaStream_t stream);
+void launch(const conv::UpdateParams& params, cudaStream_t stream);
 
 // Throws a clear error when `device` cannot run this build's kernels (its arch is not compiled in,
 // or the driver is too old for the CUDA runtime linked into linrec).

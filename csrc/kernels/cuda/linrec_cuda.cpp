@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "linrec/conv/ops.h"
 #include "linrec/cuda_launch.h"
 #include "linrec/ops.h"
 #include "linrec/ssm/ops.h"
@@ -42,6 +43,12 @@ void launch_on_device_of(const Params& params, const Tensor& like) {
   });
 }
 
+// Launches the causal convolution's kernels, which need no plan or workspace.
+template <typename Params>
+void launch_conv_on_device_of(const Params& params, const Tensor& like) {
+  on_stream_of(like, [&](cudaStream_t stream) { cuda::launch(params, stream); });
+}
+
 }  // namespace
 }  // namespace linrec
 
@@ -53,4 +60,7 @@ STABLE_TORCH_LIBRARY_IMPL(linrec, CUDA, m) {
   m.impl("selective_scan_backward", TORCH_BOX(&ssm::backward_op<launch_on_device_of<ssm::BackwardParams>>));
   m.impl("selective_state_update",
          TORCH_BOX((&ssm::state_update_op<ssm::StateUpdateParams, launch_on_device_of<ssm::StateUpdateParams>>)));
+  m.impl("causal_conv1d_forward", TORCH_BOX(&conv::forward_op<launch_conv_on_device_of<conv::ForwardParams>>));
+  m.impl("causal_conv1d_backward", TORCH_BOX(&conv::backward_op<launch_conv_on_device_of<conv::BackwardParams>>));
+  m.impl("causal_conv1d_update", TORCH_BOX(&conv::update_op<launch_conv_on_device_of<conv::UpdateParams>>));
 }
