@@ -92,7 +92,7 @@ def laid_out(values: torch.Tensor, layout: str) -> torch.Tensor:
         return values.clone()
     if layout == "channel-last":
         return values.transpose(1, 2).contiguous().transpose(1, 2)
-    batch, dim, length = values.shape
+    dim = values.shape[1]
     wider = torch.cat([values.transpose(1, 2), torch.full_like(values.transpose(1, 2), float("nan"))], -1)
     return wider.contiguous()[..., :dim].transpose(1, 2)
 

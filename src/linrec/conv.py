@@ -79,7 +79,7 @@ def causal_conv1d(
     """
     op = "linrec.causal_conv1d"
     return_final_states = as_bool(op, "return_final_states", return_final_states)
-    batch, dim, length, width = _check_conv(op, x, weight, bias, activation)
+    _, dim, _, width = _check_conv(op, x, weight, bias, activation)
     rows = packed_sequences(op, cu_seqlens, "x", x)
     if initial_states is not None:
         check_tensor(op, "initial_states", initial_states)
