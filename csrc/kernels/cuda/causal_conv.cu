@@ -30,10 +30,13 @@ unsigned blocks_for(int64_t blocks, const char* what) {
   return static_cast<unsigned>(blocks);
 }
 
-// The blocks of the tile kernels: a tile of every row.
+// The blocks of the time-last kernels: a tile of every row a segment, kThreads / segment_threads segments a block.
 template <typename T>
 unsigned tile_blocks(const conv::ForwardParams& p) {
-  return blocks_for(p.batch * p.dim * conv::tiles_of(p.length, sizeof(T)), "batch * dim * tiles");
+  constexpr int items = conv::items_per_thread(sizeof(T));
+  const int64_t segments_per_block = conv::kThreads / conv::segment_threads(p.length, items);
+  const int64_t segments = p.batch * p.dim * conv::tiles_of(p.length, items);
+  return blocks_for((segments + segments_per_block - 1) / segments_per_block, "batch * dim * tiles");
 }
 
 // The blocks of the channel-last kernels: a vector group of kLanes threads by a group of chunks, every batch row's.

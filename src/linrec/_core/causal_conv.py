@@ -30,7 +30,7 @@ _UPDATE = torch.ops.linrec.causal_conv1d_update.default
 def _forward_fake(x, weight, bias=None, silu=False, initial_states=None, cu_seqlens=None, return_final_states=False):
     sequences = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     final_shape = (sequences, x.shape[1], weight.shape[1] - 1) if return_final_states else (0,)
-    return x.new_empty(x.shape), x.new_empty(final_shape)
+    return new_output(x), x.new_empty(final_shape)
 
 
 @torch.library.register_fake("linrec::causal_conv1d_backward")
@@ -38,7 +38,7 @@ def _backward_fake(d_out, d_final_states, x, weight, bias, silu, initial_states,
     def like(tensor: torch.Tensor | None) -> torch.Tensor:
         return weight.new_empty((0,)) if tensor is None else torch.empty_like(tensor)
 
-    return x.new_empty(x.shape), torch.empty_like(weight), like(bias), like(initial_states)
+    return new_output(x), torch.empty_like(weight), like(bias), like(initial_states)
 
 
 @torch.library.register_fake("linrec::causal_conv1d_update")
@@ -96,14 +96,23 @@ def runs_on_kernels(x: torch.Tensor, width: int) -> bool:
 
 
 def is_channel_last(x: torch.Tensor) -> bool:
-    """x (batch, dim, length) with its channels contiguous and not time: a (batch, length, channels) tensor
-    transposed, or a slice of one, which the kernels read as it is."""
-    return x.stride(1) == 1 and not x.is_contiguous()
+    """x (batch, dim, length) with its channels contiguous and not its steps: a (batch, length, channels) tensor
+    transposed, or a slice of one, which the kernels read as it is (csrc/include/linrec/conv/ops.h)."""
+    return x.stride(2) != 1 and x.stride(1) == 1
 
 
 def as_kernel_input(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernels read it: itself where contiguous or channel-last, else a contiguous copy."""
-    return x if x.is_contiguous() or is_channel_last(x) else x.contiguous()
+    """x as the kernels read it: itself where its steps are contiguous (a slice of a (batch, channels, length)
+    projection too) or its channels are, else a contiguous copy."""
+    return x if x.stride(2) == 1 or is_channel_last(x) else x.contiguous()
+
+
+def new_output(x: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of x's shape in the layout of the ops' outputs: contiguous, or for channel-last x
+    (batch, length, dim) dense, transposed."""
+    if is_channel_last(x):
+        return x.new_empty((x.shape[0], x.shape[2], x.shape[1])).transpose(1, 2)
+    return x.new_empty(x.shape)
 
 
 def in_output_layout(tensor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -312,20 +312,28 @@ class StateUpdateCase(Case):
 class CausalConvCase(Case):
     """linrec.causal_conv1d (Mamba's causal conv) with a bias and SiLU: x (batch, d, length) in the dtype, the
     weight (d, width) and bias float32; ``sequences`` packed along the length (batch 1) where given. Forward on
-    leaves that require grad, and the gradients of x, weight and bias. A build without the conv skips the row."""
+    leaves that require grad, and the gradients of x, weight and bias. ``channel_last``: x the first d channels of
+    a (batch, length, 2 d) projection, transposed (transformers' Mamba layout). A build without the conv skips the
+    row."""
 
     batch: int
     d: int
     length: int
     width: int = 4
     sequences: int | None = None
+    channel_last: bool = False
 
     def shape_text(self) -> str:
         packed = f"/{self.sequences}seq" if self.sequences else ""
-        return f"{self.batch}x{self.d}x{self.length}w{self.width}{packed}"
+        layout = "/channel-last" if self.channel_last else ""
+        return f"{self.batch}x{self.d}x{self.length}w{self.width}{packed}{layout}"
 
     def workload(self, device: torch.device) -> Workload:
-        x = torch.randn(self.batch, self.d, self.length, device=device, dtype=self.dtype, requires_grad=True)
+        if self.channel_last:
+            projection = torch.randn(self.batch, self.length, 2 * self.d, device=device, dtype=self.dtype)
+            x = projection[..., : self.d].transpose(1, 2).requires_grad_()
+        else:
+            x = torch.randn(self.batch, self.d, self.length, device=device, dtype=self.dtype, requires_grad=True)
         weight = torch.randn(self.d, self.width, device=device, requires_grad=True)
         bias = torch.randn(self.d, device=device, requires_grad=True)
         offsets = None if self.sequences is None else packed_offsets(self.length, self.sequences).to(device)
@@ -456,6 +464,8 @@ def gpu_cases() -> list[Case]:
         StateUpdateCase(name="selective-step", batch=64, d=5120, n=64, dtype=BF16),
         CausalConvCase(name="causal-conv", batch=8, d=2048, length=2048, dtype=BF16, quick=True),
         CausalConvCase(name="causal-conv", batch=1, d=2048, length=65536, dtype=BF16, sequences=64),
+        CausalConvCase(name="causal-conv", batch=8, d=2048, length=2048, dtype=BF16, channel_last=True),
+        CausalConvCase(name="causal-conv", batch=64, d=1536, length=128, dtype=BF16),
         *tiny_cases(),
     ]
 

@@ -1,11 +1,12 @@
 // The causal depthwise convolution's CUDA kernels (parameters and layouts in conv/params.h).
 //
-// A block of kThreads threads filters a tile of kItems<T> * kThreads steps of one (batch row, channel)
-// row; each thread holds kItems consecutive steps in registers (16-byte accesses where the rows are
-// aligned). The width - 1 steps before a thread's first come from its left neighbour through shared
-// memory (the block's first thread reads them), and, for the backward, the width - 1 after its last
-// from its right neighbour: every input is read from global memory once, so the kernels move what a
-// copy moves. Packed sequences: a thread finds the sequence of its first step once (a binary search of
+// Time-last x: a segment of threads (a block, or for a short row a part of one) filters a tile of one
+// (batch row, channel) row; each thread holds kItems consecutive steps in registers (16-byte accesses
+// where the rows are aligned). The width - 1 steps before a thread's first come from its left neighbour
+// through shared memory (the segment's first thread reads them), and, for the backward, the width - 1
+// after its last from its right neighbour: every input is read from global memory once, so the kernels
+// move what a copy moves. Channel-last x: a thread takes a 16-byte vector of channels through a chunk of
+// steps in order, the width - 1 before it read again. Packed sequences: a thread finds the sequence of its first step once (a binary search of
 // cu_seqlens) and steps forward through the boundaries; a tap before its sequence's first step reads
 // the sequence's initial values, or zero.
 #pragma once
@@ -25,9 +26,6 @@ namespace linrec::conv {
 
 template <typename T>
 constexpr int kItems = items_per_thread(sizeof(T));
-
-template <typename T>
-constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems<T>;
 
 // items[i] = row[begin + i] as R, zeros past `length`, in 16-byte runs where `aligned`.
 template <int N, typename T, typename R>
@@ -61,9 +59,22 @@ struct SequenceCursor {
   const ssm::Sequences& sequences;
   int64_t index, start, end;
 
-  __device__ SequenceCursor(const ssm::Sequences& sequences, int64_t b, int64_t first) : sequences(sequences) {
+  // hint: a sequence starting at or before `first` (the block's first step's, block_sequence).
+  __device__ SequenceCursor(const ssm::Sequences& sequences, int64_t b, int64_t first, int64_t hint)
+      : sequences(sequences) {
     if constexpr (Packed) {
-      index = sequences.sequence_at(first < sequences.length ? first : sequences.length - 1);
+      index = hint;
+      // A few boundaries one after the other (a block's steps hold few), else a binary search past them.
+      for (int step = 0; step < 4 && index + 1 < sequences.count && sequences.boundary(index + 1) <= first; ++step)
+        ++index;
+      if (index + 1 < sequences.count && sequences.boundary(index + 1) <= first) {
+        int64_t high = sequences.count;
+        while (high - index > 1) {
+          const int64_t middle = index + (high - index) / 2;
+          if (sequences.boundary(middle) <= first) index = middle;
+          else high = middle;
+        }
+      }
       start = sequences.boundary(index);
       end = sequences.boundary(index + 1);
     } else {
@@ -76,6 +87,20 @@ struct SequenceCursor {
       while (t >= end && index + 1 < sequences.count) start = end, end = sequences.boundary(++index + 1);
   }
 };
+
+// The packed sequence holding a block's first step `first`, found once (a binary search of cu_seqlens, whose
+// loads depend on each other) and shared: the block's threads step forward from it.
+template <bool Packed>
+__device__ __forceinline__ int64_t block_sequence(const ssm::Sequences& sequences, int64_t first) {
+  if constexpr (!Packed) {
+    return 0;
+  } else {
+    __shared__ int64_t shared;
+    if (threadIdx.x == 0) shared = sequences.sequence_at(first < sequences.length ? first : sequences.length - 1);
+    __syncthreads();
+    return shared;
+  }
+}
 
 // The value the filter reads for channel c at step `position` before the start of sequence s: its initial value,
 // or zero.
@@ -121,10 +146,39 @@ struct Channel {
   }
 };
 
-// Fills halo[0, Count) with the Count steps before `first`, the last Count of the left neighbour's
-// `own` (zeros before the row's start for the block's first thread, which reads them).
+// A time-last kernel's thread: segments of `threads` threads (a power of two up to kThreads: a short row's
+// fewer, several rows a block) each take a tile of a row, a thread Items consecutive steps from `first`.
+template <int Items>
+struct TileThread {
+  int64_t row, b, c, tile, tiles, first;
+  int lane, threads;  // the thread's place in its segment, and the segment's threads
+  bool active;        // its segment has a row (a block's last segments may have none)
+
+  __device__ TileThread(const ForwardParams& p) {
+    threads = segment_threads(p.length, Items);
+    tiles = tiles_of(p.length, Items);
+    const int64_t segment = static_cast<int64_t>(blockIdx.x) * (kThreads / threads) + threadIdx.x / threads;
+    lane = static_cast<int>(threadIdx.x) % threads;
+    active = segment < p.batch * p.dim * tiles;
+    row = active ? segment / tiles : 0;
+    tile = segment % tiles;
+    b = row / p.dim, c = row % p.dim;
+    first = tile * threads * Items + static_cast<int64_t>(lane) * Items;
+  }
+
+  // A sequence at or before every thread's first step: the block's first step's where the block is one
+  // segment, else the first.
+  template <bool Packed>
+  __device__ int64_t sequence_hint(const ForwardParams& p) const {
+    const int64_t block_first = threads == kThreads ? first - static_cast<int64_t>(lane) * Items : 0;
+    return block_sequence<Packed>(p.sequences, block_first);
+  }
+};
+
+// Fills halo[0, Count) with the Count steps before `first`, the last Count of the left neighbour's `own`
+// (zeros before the row's start for a segment's first thread, which reads them).
 template <int Count, int Items, typename T, typename R>
-__device__ __forceinline__ void halo_from_left(const T* row, int64_t first, const R* own, R* halo) {
+__device__ __forceinline__ void halo_from_left(const TileThread<Items>& thread, const T* row, const R* own, R* halo) {
   if constexpr (Count > 0) {
     __shared__ R tails[kThreads][Count];
     #pragma unroll
@@ -132,15 +186,17 @@ __device__ __forceinline__ void halo_from_left(const T* row, int64_t first, cons
     __syncthreads();
     #pragma unroll
     for (int j = 0; j < Count; ++j)
-      halo[j] = threadIdx.x > 0 ? tails[threadIdx.x - 1][j] : load_one(row, 1, first - Count + j, INT64_MAX, R(0));
+      halo[j] = thread.lane > 0 ? tails[threadIdx.x - 1][j]
+                                : (thread.active ? load_one(row, 1, thread.first - Count + j, INT64_MAX, R(0)) : R(0));
     __syncthreads();  // read before a next call writes them
   }
 }
 
-// Fills halo[0, Count) with the Count steps after a thread's Items from `first`, the first Count of the
-// right neighbour's `own` (zeros past `length` for the block's last thread, which reads them).
+// Fills halo[0, Count) with the Count steps after a thread's Items, the first Count of the right neighbour's
+// `own` (zeros past `length` for a segment's last thread, which reads them).
 template <int Count, int Items, typename T, typename R>
-__device__ __forceinline__ void halo_from_right(const T* row, int64_t first, int64_t length, const R* own, R* halo) {
+__device__ __forceinline__ void halo_from_right(const TileThread<Items>& thread, const T* row, int64_t length,
+                                                const R* own, R* halo) {
   if constexpr (Count > 0) {
     __shared__ R heads[kThreads][Count];
     #pragma unroll
@@ -148,8 +204,9 @@ __device__ __forceinline__ void halo_from_right(const T* row, int64_t first, int
     __syncthreads();
     #pragma unroll
     for (int j = 0; j < Count; ++j)
-      halo[j] = threadIdx.x + 1 < kThreads ? heads[threadIdx.x + 1][j]
-                                            : load_one(row, 1, first + Items + j, length, R(0));
+      halo[j] = thread.lane + 1 < thread.threads
+                    ? heads[threadIdx.x + 1][j]
+                    : (thread.active ? load_one(row, 1, thread.first + Items + j, length, R(0)) : R(0));
     __syncthreads();  // read before a next call writes them
   }
 }
@@ -158,16 +215,17 @@ template <typename T, int Width, bool Packed>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p) {
   using R = accumulator_t<T>;
   constexpr int E = kItems<T>, H = Width - 1;
-  const int64_t tiles = tiles_of(p.length, sizeof(T));
-  const int64_t row = blockIdx.x / tiles, b = row / p.dim, c = row % p.dim;
-  const int64_t first = (blockIdx.x % tiles) * kTile<T> + threadIdx.x * E;
-  const T* x = static_cast<const T*>(p.x) + row * p.length;
+  const TileThread<E> thread(p);
+  const int64_t first = thread.first, length = thread.active ? p.length : 0;  // an idle thread loads nothing
+  const T* x = static_cast<const T*>(p.x) + p.x_offset(thread.b, thread.c, 0);
   R window[H + E];  // steps first - H to first + E - 1
-  load_items<E>(x, first, p.length, p.vectorized, window + H);
+  load_items<E>(x, first, length, p.vectorized, window + H);
   // Steps before the row's start read as zeros here; the filter takes initial values for them.
-  halo_from_left<H, E>(x, first, window + H, window);
-  const Channel<R, Width> channel(p, c);
-  SequenceCursor<Packed> sequence(p.sequences, b, first);
+  halo_from_left<H>(thread, x, window + H, window);
+  const int64_t hint = thread.template sequence_hint<Packed>(p);
+  if (!thread.active) return;
+  const Channel<R, Width> channel(p, thread.c);
+  SequenceCursor<Packed> sequence(p.sequences, thread.b, first, hint);
   R out[E];
   #pragma unroll
   for (int i = 0; i < E; ++i) {
@@ -175,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     const R sum = channel.filter(sequence, first + i, window + i);
     out[i] = p.silu ? ssm::silu(sum) : sum;
   }
-  store_items<E>(static_cast<T*>(p.out) + row * p.length, first, p.length, p.vectorized, out);
+  store_items<E>(static_cast<T*>(p.out) + thread.row * p.length, first, p.length, p.vectorized, out);
 }
 
 // The last width - 1 inputs of every sequence (the newest of its initial values in front of a shorter
@@ -195,85 +253,97 @@ __global__ void __launch_bounds__(kThreads) final_states_kernel(const ForwardPar
   static_cast<T*>(p.final_states)[index] = static_cast<T>(value);
 }
 
-// d_x, and each block's sums of d_weight and d_bias. With g the upstream gradient through the
+// The sum of `value` over a segment of `threads` threads (a power of two), in a fixed order, in the segment's
+// first thread: within warps by shuffles, then a segment's warps' sums.
+template <typename R, int Terms>
+__device__ __forceinline__ void segment_sums(int threads, R (&values)[Terms]) {
+  __shared__ R warp_sums[kThreads / 32][Terms];
+  #pragma unroll
+  for (int k = 0; k < Terms; ++k) {
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+      if (offset < threads) values[k] += __shfl_xor_sync(0xffffffffu, values[k], offset);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32][k] = values[k];
+  }
+  __syncthreads();
+  if (threads > 32 && threadIdx.x % threads == 0) {
+    #pragma unroll
+    for (int k = 0; k < Terms; ++k) {
+      R total = R(0);
+      for (int w = 0; w < threads / 32; ++w) total += warp_sums[threadIdx.x / 32 + w][k];
+      values[k] = total;
+    }
+  }
+}
+
+// d_x, and each segment's sums of d_weight and d_bias. With g the upstream gradient through the
 // activation at step t (gp[t]), d_x[u] = sum_k weight[k] * gp[u + width - 1 - k] over the steps of u's
 // sequence, plus d_final_states where u is among its sequence's last width - 1.
 template <typename T, int Width, bool Packed>
 __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams p) {
   using R = accumulator_t<T>;
   constexpr int E = kItems<T>, H = Width - 1;
-  const int64_t tiles = tiles_of(p.length, sizeof(T));
-  const int64_t row = blockIdx.x / tiles, b = row / p.dim, c = row % p.dim;
-  const int64_t first = (blockIdx.x % tiles) * kTile<T> + threadIdx.x * E;
-  const T* x = static_cast<const T*>(p.x) + row * p.length;
-  const T* d_out = static_cast<const T*>(p.d_out) + row * p.length;
+  const TileThread<E> thread(p);
+  const int64_t first = thread.first, length = thread.active ? p.length : 0;  // an idle thread loads nothing
+  const T* x = static_cast<const T*>(p.x) + p.x_offset(thread.b, thread.c, 0);
+  const T* d_out = static_cast<const T*>(p.d_out) + thread.row * p.length;
   R window[H + E + H];  // x at steps first - H to first + E + H - 1
   R g[E + H];           // d_out at steps first to first + E + H - 1
-  load_items<E>(x, first, p.length, p.vectorized, window + H);
-  load_items<E>(d_out, first, p.length, p.vectorized, g);
-  halo_from_left<H, E>(x, first, window + H, window);
-  halo_from_right<H, E>(x, first, p.length, window + H, window + H + E);
-  halo_from_right<H, E>(d_out, first, p.length, g, g + E);
-  const Channel<R, Width> channel(p, c);
+  load_items<E>(x, first, length, p.vectorized, window + H);
+  load_items<E>(d_out, first, length, p.vectorized, g);
+  halo_from_left<H>(thread, x, window + H, window);
+  halo_from_right<H>(thread, x, length, window + H, window + H + E);
+  halo_from_right<H>(thread, d_out, length, g, g + E);
+  const Channel<R, Width> channel(p, thread.c);
 
   // The gradients through the activation at steps first to first + E + H - 1 (zero past the row), and
   // the thread's terms of d_weight and d_bias (its own steps).
-  R gp[E + H], d_weight[Width] = {}, d_bias = R(0);
-  SequenceCursor<Packed> sequence(p.sequences, b, first);
-  #pragma unroll
-  for (int m = 0; m < E + H; ++m) {
-    const int64_t t = first + m;
-    sequence.advance_to(t);
-    R gradient = t < p.length ? g[m] : R(0);
-    if (p.silu) gradient *= ssm::silu_slope(channel.filter(sequence, t, window + m));
-    gp[m] = gradient;
-    if (m < E) {
-      #pragma unroll
-      for (int k = 0; k < Width; ++k) {
-        const int64_t position = t - H + k;
-        const R value = position >= sequence.start ? window[m + k]
-                                                   : channel.before_start(sequence.index, sequence.start, position);
-        d_weight[k] += gradient * value;
+  R gp[E + H], sums[Width + 1] = {};  // d_weight's taps, then d_bias
+  const int64_t hint = thread.template sequence_hint<Packed>(p);
+  if (thread.active) {
+    SequenceCursor<Packed> sequence(p.sequences, thread.b, first, hint);
+    #pragma unroll
+    for (int m = 0; m < E + H; ++m) {
+      const int64_t t = first + m;
+      sequence.advance_to(t);
+      R gradient = t < p.length ? g[m] : R(0);
+      if (p.silu) gradient *= ssm::silu_slope(channel.filter(sequence, t, window + m));
+      gp[m] = gradient;
+      if (m < E) {
+        #pragma unroll
+        for (int k = 0; k < Width; ++k) {
+          const int64_t position = t - H + k;
+          const R value = position >= sequence.start ? window[m + k]
+                                                     : channel.before_start(sequence.index, sequence.start, position);
+          sums[k] += gradient * value;
+        }
+        sums[Width] += gradient;
       }
-      d_bias += gradient;
     }
+
+    R d_x[E];
+    SequenceCursor<Packed> own(p.sequences, thread.b, first, hint);
+    const T* d_final = static_cast<const T*>(p.d_final_states);
+    #pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int64_t u = first + i;
+      own.advance_to(u);
+      R sum = R(0);
+      #pragma unroll
+      for (int k = 0; k < Width; ++k)
+        if (u + H - k < own.end) sum += channel.weight[k] * gp[i + H - k];
+      if (d_final && u < own.end && u >= own.end - H && u >= own.start)
+        sum += static_cast<R>(d_final[(own.index * p.dim + thread.c) * H + u - (own.end - H)]);
+      d_x[i] = sum;
+    }
+    store_items<E>(static_cast<T*>(p.d_x) + thread.row * p.length, first, p.length, p.vectorized, d_x);
   }
 
-  R d_x[E];
-  SequenceCursor<Packed> own(p.sequences, b, first);
-  const T* d_final = static_cast<const T*>(p.d_final_states);
-  #pragma unroll
-  for (int i = 0; i < E; ++i) {
-    const int64_t u = first + i;
-    own.advance_to(u);
-    R sum = R(0);
+  segment_sums(thread.threads, sums);
+  if (thread.active && thread.lane == 0) {
+    R* partial = static_cast<R*>(p.d_weight_partial) + ((thread.b * thread.tiles + thread.tile) * p.dim + thread.c) * (Width + 1);
     #pragma unroll
-    for (int k = 0; k < Width; ++k)
-      if (u + H - k < own.end) sum += channel.weight[k] * gp[i + H - k];
-    if (d_final && u < own.end && u >= own.end - H && u >= own.start)
-      sum += static_cast<R>(d_final[(own.index * p.dim + c) * H + u - (own.end - H)]);
-    d_x[i] = sum;
-  }
-  store_items<E>(static_cast<T*>(p.d_x) + row * p.length, first, p.length, p.vectorized, d_x);
-
-  // The block's sums of d_weight and d_bias: warps, then the warps' sums in a fixed order.
-  __shared__ R warp_sums[kThreads / 32][Width + 1];
-  R terms[Width + 1];
-  #pragma unroll
-  for (int k = 0; k < Width; ++k) terms[k] = d_weight[k];
-  terms[Width] = d_bias;
-  #pragma unroll
-  for (int k = 0; k <= Width; ++k) {
-    const R total = ssm::warp_sum(terms[k]);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32][k] = total;
-  }
-  __syncthreads();
-  if (threadIdx.x <= Width) {
-    R total = R(0);
-    #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w][threadIdx.x];
-    const int64_t partial_row = b * tiles + blockIdx.x % tiles;
-    static_cast<R*>(p.d_weight_partial)[(partial_row * p.dim + c) * (Width + 1) + threadIdx.x] = total;
+    for (int k = 0; k <= Width; ++k) partial[k] = sums[k];
   }
 }
 
@@ -372,6 +442,7 @@ __global__ void __launch_bounds__(kThreads) forward_channel_last_kernel(const Fo
   using Thread = ChunkThread<T, Vector>;
   constexpr int V = Thread::V, H = Width - 1;
   const Thread thread(p);
+  const int64_t hint = block_sequence<Packed>(p.sequences, thread.group * kGroupSteps);
   if (!thread.active) return;
   const T* x = static_cast<const T*>(p.x) + thread.b * p.x_batch_stride + thread.c0;
   T* out = static_cast<T*>(p.out) + thread.b * p.length * p.dim + thread.c0;
@@ -390,7 +461,7 @@ __global__ void __launch_bounds__(kThreads) forward_channel_last_kernel(const Fo
     for (int i = 0; i < V; ++i) window[j][i] = R(0);
     if (t >= 0) load_vector<V>(x + t * p.x_time_stride, window[j]);
   }
-  SequenceCursor<Packed> sequence(p.sequences, thread.b, thread.t0);
+  SequenceCursor<Packed> sequence(p.sequences, thread.b, thread.t0, hint);
   for (int64_t tb = thread.t0; tb < thread.t1; tb += kStepBatch) {
     #pragma unroll
     for (int j = 0; j < kStepBatch; ++j)
@@ -477,6 +548,7 @@ __global__ void __launch_bounds__(kThreads) backward_channel_last_kernel(const B
   // Fewer steps in flight for 16-bit vectors: their x, g and gp rings would spill registers.
   constexpr int kBatch = V >= 8 ? kStepBatch / 2 : kStepBatch;
   const Thread thread(p);
+  const int64_t hint = block_sequence<Packed>(p.sequences, thread.group * kGroupSteps);
   R d_weight[V][Width] = {}, d_bias[V] = {};
   if (thread.active) {
     const T* x = static_cast<const T*>(p.x) + thread.b * p.x_batch_stride + thread.c0;
@@ -501,7 +573,7 @@ __global__ void __launch_bounds__(kThreads) backward_channel_last_kernel(const B
       for (int i = 0; i < V; ++i) window[j][i] = R(0);
       if (t >= 0) load_vector<V>(x + t * p.x_time_stride, window[j]);
     }
-    SequenceCursor<Packed> sequence(p.sequences, thread.b, thread.t0), own(p.sequences, thread.b, thread.t0);
+    SequenceCursor<Packed> sequence(p.sequences, thread.b, thread.t0, hint), own(p.sequences, thread.b, thread.t0, hint);
     const int64_t end_step = thread.t1 + H;  // gp at steps past the row is 0
     for (int64_t tb = thread.t0; tb < end_step; tb += kBatch) {
       #pragma unroll

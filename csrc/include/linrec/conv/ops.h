@@ -11,7 +11,7 @@
 
 #include "linrec/conv/params.h"
 #include "linrec/ops.h"
-#include "linrec/ssm/ops.h"  // check_tensor, element_type, is_real_floating, rows_aligned
+#include "linrec/ssm/ops.h"  // check_tensor, element_type, is_real_floating
 
 namespace linrec __attribute__((visibility("hidden"))) {
 namespace conv {
@@ -20,20 +20,28 @@ using torch::headeronly::ScalarType;
 
 inline bool steps_aligned(const Tensor& tensor);
 
+// Whether every time row of time-last `tensor`, and of the contiguous tensors of its shape, starts 16-byte aligned.
+inline bool rows_aligned(const Tensor& tensor) {
+  const int64_t bytes = tensor.element_size();
+  return reinterpret_cast<uintptr_t>(tensor.const_data_ptr()) % 16 == 0 && (tensor.size(2) * bytes) % 16 == 0 &&
+         (tensor.stride(0) * bytes) % 16 == 0 && (tensor.stride(1) * bytes) % 16 == 0;
+}
+
 // Checks the forward's arguments and fills the params (every pointer but the outputs').
 inline ForwardParams check_arguments(const char* op, const Tensor& x, const Tensor& weight, const OptionalTensor& bias,
                                      bool silu, const OptionalTensor& initial, const OptionalTensor& cu_seqlens) {
   LINREC_CHECK_TYPE(ssm::is_real_floating(x.scalar_type()), op,
                     ": x must be torch.float32, torch.float64, torch.float16 or torch.bfloat16, got ", dtype_string(x));
   LINREC_CHECK(x.dim() == 3, op, ": x must be 3-dim (batch, dim, length), got shape ", shape_string(x));
-  const bool channel_last = !x.is_contiguous() && x.stride(1) == 1;
-  LINREC_CHECK(x.is_contiguous() || channel_last, op, ": x must be contiguous or channel-last (stride 1 along dim 1), "
-               "got strides ", x.stride(0), ", ", x.stride(1), ", ", x.stride(2));
+  const bool channel_last = x.stride(2) != 1 && x.stride(1) == 1;
+  LINREC_CHECK(x.stride(2) == 1 || channel_last, op, ": x must be time-last (stride 1 along dim 2) or channel-last "
+               "(stride 1 along dim 1), got strides ", x.stride(0), ", ", x.stride(1), ", ", x.stride(2));
   const ScalarType real = x.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const std::string real_text = dtype_string(real);
   ForwardParams p;
   p.channel_last = channel_last;
   p.x_batch_stride = x.stride(0);
+  p.x_channel_stride = x.stride(1);
   p.x_time_stride = x.stride(2);
   p.dtype = ssm::element_type(x.scalar_type());
   p.batch = x.size(0), p.dim = x.size(1), p.length = x.size(2);
@@ -61,7 +69,7 @@ inline ForwardParams check_arguments(const char* op, const Tensor& x, const Tens
   p.weight = weight.const_data_ptr();
   p.bias = bias ? bias->const_data_ptr() : nullptr;
   p.initial = initial ? initial->const_data_ptr() : nullptr;
-  p.vectorized = channel_last ? steps_aligned(x) : ssm::rows_aligned({&x});
+  p.vectorized = channel_last ? steps_aligned(x) : rows_aligned(x);
   return p;
 }
 
@@ -120,7 +128,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_op(const Tensor& d_out, cons
   if (d_final_states)
     ssm::check_tensor(op, "d_final_states", *d_final_states, x, {x.scalar_type()}, values_text.c_str(),
                       {p.sequences.count, p.dim, p.width - 1}, "(sequences, dim, width - 1)");
-  p.vectorized = p.vectorized && (p.channel_last ? steps_aligned(d_out) : ssm::rows_aligned({&d_out}));
+  p.vectorized = p.vectorized && (p.channel_last ? steps_aligned(d_out) : rows_aligned(d_out));
   p.d_out = d_out.const_data_ptr();
   p.d_final_states = d_final_states ? d_final_states->const_data_ptr() : nullptr;
   const ScalarType real = weight.scalar_type();

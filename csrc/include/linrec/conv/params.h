@@ -1,10 +1,11 @@
 // The causal depthwise convolution's parameters (linrec.causal_conv1d and its decode step): plain
 // structs handed from the op layer (conv/ops.h) to the CUDA kernels (conv/kernels.cuh). Torch-free.
 //
-// Layouts (time last and contiguous, unless channel_last):
-//   x, out, d_out, d_x: (batch, dim, length), element type T; channel_last: x's channels contiguous, with any
-//   batch and time strides (a slice of a (batch, length, channels) projection), and out, d_out and d_x dense
-//   (batch, length, dim) transposed;
+// Layouts (contiguous, unless said):
+//   x, out, d_out, d_x: (batch, dim, length), element type T. x time-last (its steps contiguous, any batch and
+//   channel strides: a slice of a (batch, channels, length) projection), out, d_out and d_x contiguous; or
+//   channel_last: x's channels contiguous, any batch and time strides (a slice of a (batch, length, channels)
+//   projection), out, d_out and d_x dense (batch, length, dim) transposed;
 //   weight (dim, width), bias (dim,), initial and d_initial (sequences, dim, width - 1): R, float32, or
 //   float64 beside float64 T;
 //   final_states, d_final_states: (sequences, dim, width - 1) in T;
@@ -23,17 +24,24 @@ namespace linrec::conv {
 // The widest kernel the CUDA kernels are compiled for (Mamba's are 2 to 4); wider ones take the composed path.
 constexpr int kMaxWidth = 4;
 
-// The tile kernels' block: kThreads threads, each holding items_per_thread steps of a row (16 bytes of the
-// element type, at least kMaxWidth - 1, so that a thread's left neighbour holds its whole halo).
+// The tile kernels' block: kThreads threads, each holding items_per_thread steps of a row: 32 bytes, two
+// 16-byte accesses in flight (one left a block's loads too few to keep the memory busy).
 constexpr int kThreads = 128;
 
-LINREC_HOST_DEVICE constexpr int items_per_thread(int element_bytes) {
-  return 16 / element_bytes >= kMaxWidth - 1 ? 16 / element_bytes : kMaxWidth;
+LINREC_HOST_DEVICE constexpr int items_per_thread(int element_bytes) { return 32 / element_bytes; }
+static_assert(items_per_thread(8) >= kMaxWidth - 1, "a thread's left neighbour holds its halo");
+
+// The threads that take a tile of a row of `length` steps, `items` a thread: the fewest, a power of two, that
+// hold the row, up to kThreads (a block holds kThreads / threads tiles).
+LINREC_HOST_DEVICE constexpr int segment_threads(int64_t length, int items) {
+  int threads = 1;
+  while (threads < kThreads && static_cast<int64_t>(threads) * items < length) threads *= 2;
+  return threads;
 }
 
-// A row's tiles (blocks) of kThreads * items_per_thread steps.
-LINREC_HOST_DEVICE constexpr int64_t tiles_of(int64_t length, int element_bytes) {
-  const int64_t tile = static_cast<int64_t>(kThreads) * items_per_thread(element_bytes);
+// A row's tiles of segment_threads * items steps.
+LINREC_HOST_DEVICE constexpr int64_t tiles_of(int64_t length, int items) {
+  const int64_t tile = static_cast<int64_t>(segment_threads(length, items)) * items;
   return (length + tile - 1) / tile;
 }
 
@@ -55,11 +63,12 @@ struct ForwardParams {
   int64_t batch = 0, dim = 0, length = 0;
   int width = 1;
   bool silu = false;
-  // Time-last rows: every row of the (batch, dim, length) tensors starts 16-byte aligned. Channel-last:
-  // every step's channels of them start 16-byte aligned.
+  // Time-last: every row of x, out, d_out and d_x starts 16-byte aligned. Channel-last: every step's channels
+  // of them start 16-byte aligned.
   bool vectorized = false;
   bool channel_last = false;
-  int64_t x_batch_stride = 0, x_time_stride = 1;  // channel-last x's
+  // x's strides: time-last x's time stride is 1, channel-last x's channel stride.
+  int64_t x_batch_stride = 0, x_channel_stride = 0, x_time_stride = 1;
   const void* x = nullptr;
   const void* weight = nullptr;
   const void* bias = nullptr;     // null: none
@@ -70,7 +79,7 @@ struct ForwardParams {
 
   // The offsets of element (b, c, t) of x, and of out (d_out, d_x).
   LINREC_HOST_DEVICE int64_t x_offset(int64_t b, int64_t c, int64_t t) const {
-    return channel_last ? b * x_batch_stride + t * x_time_stride + c : (b * dim + c) * length + t;
+    return b * x_batch_stride + c * x_channel_stride + t * x_time_stride;
   }
   LINREC_HOST_DEVICE int64_t out_offset(int64_t b, int64_t c, int64_t t) const {
     return channel_last ? (b * length + t) * dim + c : (b * dim + c) * length + t;
@@ -80,7 +89,7 @@ struct ForwardParams {
 // The blocks along a row's time (of every batch row, the rows of d_weight_partial): time-last tiles, or
 // channel-last groups of chunks.
 inline int64_t time_blocks(const ForwardParams& p) {
-  return p.channel_last ? groups_of(p.length) : tiles_of(p.length, element_bytes(p.dtype));
+  return p.channel_last ? groups_of(p.length) : tiles_of(p.length, items_per_thread(element_bytes(p.dtype)));
 }
 
 struct BackwardParams : ForwardParams {
