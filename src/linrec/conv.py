@@ -283,8 +283,10 @@ def _filter(padded: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     dim, width = weight.shape
     weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
     device_type = padded.device.type
-    no_autocast = (torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type)
-                   else contextlib.nullcontext())  # meta tensors have no autocast
+    # Meta tensors have no autocast; Dynamo cannot trace the availability query, so it is asked only elsewhere.
+    has_autocast = device_type in ("cpu", "cuda") or (
+        not torch.compiler.is_compiling() and torch.amp.is_autocast_available(device_type))
+    no_autocast = torch.autocast(device_type, enabled=False) if has_autocast else contextlib.nullcontext()
     with no_autocast:
         if pad_before:  # conv1d pads both ends: the outputs past the last step are dropped
             out = F.conv1d(padded, weight.unsqueeze(1), bias, padding=width - 1, groups=dim)[..., :padded.shape[-1]]

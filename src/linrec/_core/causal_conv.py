@@ -89,10 +89,12 @@ def runs_on_kernels(x: torch.Tensor, width: int) -> bool:
     """Whether a call on ``x`` takes the CUDA kernels: a GPU the build's kernels run on, a width they are
     compiled for, and the plain autograd level (under a torch.func transform or forward-mode AD the composed
     convolution runs: the ops have first reverse-mode derivatives only)."""
-    if not (x.is_cuda and HAS_CUDA_KERNELS and 1 <= width <= MAX_WIDTH and plain_autograd()):
+    if not (x.is_cuda and HAS_CUDA_KERNELS and 1 <= width <= MAX_WIDTH):
         return False
+    if torch.compiler.is_compiling():  # traced: the op (its fake kernel), whose device torch checks at run time
+        return True
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return torch.compiler.is_compiling() or cuda_device_problem(index) is None
+    return plain_autograd() and cuda_device_problem(index) is None
 
 
 def is_channel_last(x: torch.Tensor) -> bool:

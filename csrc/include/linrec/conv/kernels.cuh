@@ -146,6 +146,16 @@ struct Channel {
   }
 };
 
+// Whether the taps of steps first to first + steps - 1 all lie inside one sequence, after the row's start: the
+// sequence of `first` starts at least width - 1 steps before it and (packed) holds the steps. Unpacked, the steps
+// past the row's end are the kernels' zeros.
+template <bool Packed>
+__device__ __forceinline__ bool sequence_interior(const ssm::Sequences& sequences, int64_t b, int64_t first,
+                                                  int64_t hint, int steps, int halo) {
+  const SequenceCursor<Packed> sequence(sequences, b, first, hint);
+  return sequence.start <= first - halo && (!Packed || first + steps <= sequence.end);
+}
+
 // A time-last kernel's thread: segments of `threads` threads (a power of two up to kThreads: a short row's
 // fewer, several rows a block) each take a tile of a row, a thread Items consecutive steps from `first`.
 template <int Items>
@@ -164,6 +174,28 @@ struct TileThread {
     tile = segment % tiles;
     b = row / p.dim, c = row % p.dim;
     first = tile * threads * Items + static_cast<int64_t>(lane) * Items;
+  }
+
+  // items[0, Items) = row[first, first + Items) as R, zeros past `length` (and for an idle segment). Aligned rows:
+  // 16-byte runs. Others: the segment's threads read the tile element-interleaved (coalesced whatever the
+  // alignment; a thread's own run of 2-byte steps would touch a 32-byte sector with every lane of a warp), and
+  // shared memory regroups the steps. Every thread of the block calls it (a uniform `aligned`).
+  template <typename T, typename R>
+  __device__ __forceinline__ void load(const T* row, int64_t length, bool aligned, R* items) const {
+    if (aligned) return load_items<Items>(row, first, active ? length : 0, true, items);
+    __shared__ R staged[kThreads * Items];
+    const int base = (static_cast<int>(threadIdx.x) - lane) * Items;  // the segment's part
+    const int64_t tile_first = first - static_cast<int64_t>(lane) * Items;
+    #pragma unroll
+    for (int j = 0; j < Items; ++j) {
+      const int index = j * threads + lane;
+      const int64_t step = tile_first + index;
+      staged[base + index] = active && step < length ? static_cast<R>(row[step]) : R(0);
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int i = 0; i < Items; ++i) items[i] = staged[base + lane * Items + i];
+    __syncthreads();  // read before a next call writes them
   }
 
   // A sequence at or before every thread's first step: the block's first step's where the block is one
@@ -216,10 +248,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   using R = accumulator_t<T>;
   constexpr int E = kItems<T>, H = Width - 1;
   const TileThread<E> thread(p);
-  const int64_t first = thread.first, length = thread.active ? p.length : 0;  // an idle thread loads nothing
+  const int64_t first = thread.first;
   const T* x = static_cast<const T*>(p.x) + p.x_offset(thread.b, thread.c, 0);
   R window[H + E];  // steps first - H to first + E - 1
-  load_items<E>(x, first, length, p.vectorized, window + H);
+  thread.load(x, p.length, p.vectorized, window + H);
   // Steps before the row's start read as zeros here; the filter takes initial values for them.
   halo_from_left<H>(thread, x, window + H, window);
   const int64_t hint = thread.template sequence_hint<Packed>(p);
@@ -227,11 +259,22 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   const Channel<R, Width> channel(p, thread.c);
   SequenceCursor<Packed> sequence(p.sequences, thread.b, first, hint);
   R out[E];
-  #pragma unroll
-  for (int i = 0; i < E; ++i) {
-    sequence.advance_to(first + i);
-    const R sum = channel.filter(sequence, first + i, window + i);
-    out[i] = p.silu ? ssm::silu(sum) : sum;
+  if (sequence.start <= first - H && (!Packed || first + E <= sequence.end)) {
+    // Every tap inside one sequence (most threads): no per-tap test.
+    #pragma unroll
+    for (int i = 0; i < E; ++i) {
+      R sum = channel.bias;
+      #pragma unroll
+      for (int k = 0; k < Width; ++k) sum += channel.weight[k] * window[i + k];
+      out[i] = p.silu ? ssm::silu(sum) : sum;
+    }
+  } else {
+    #pragma unroll
+    for (int i = 0; i < E; ++i) {
+      sequence.advance_to(first + i);
+      const R sum = channel.filter(sequence, first + i, window + i);
+      out[i] = p.silu ? ssm::silu(sum) : sum;
+    }
   }
   store_items<E>(static_cast<T*>(p.out) + thread.row * p.length, first, p.length, p.vectorized, out);
 }
@@ -289,8 +332,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   const T* d_out = static_cast<const T*>(p.d_out) + thread.row * p.length;
   R window[H + E + H];  // x at steps first - H to first + E + H - 1
   R g[E + H];           // d_out at steps first to first + E + H - 1
-  load_items<E>(x, first, length, p.vectorized, window + H);
-  load_items<E>(d_out, first, length, p.vectorized, g);
+  thread.load(x, p.length, p.vectorized, window + H);
+  thread.load(d_out, p.length, p.vectorized, g);
   halo_from_left<H>(thread, x, window + H, window);
   halo_from_right<H>(thread, x, length, window + H, window + H + E);
   halo_from_right<H>(thread, d_out, length, g, g + E);
@@ -300,7 +343,42 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   // the thread's terms of d_weight and d_bias (its own steps).
   R gp[E + H], sums[Width + 1] = {};  // d_weight's taps, then d_bias
   const int64_t hint = thread.template sequence_hint<Packed>(p);
-  if (thread.active) {
+  if (thread.active && sequence_interior<Packed>(p.sequences, thread.b, first, hint, E + H, H)) {
+    // Every tap of steps first to first + E + H - 1 inside one sequence (most threads): no per-tap test; past
+    // the row's end g is 0.
+    #pragma unroll
+    for (int m = 0; m < E + H; ++m) {
+      R sum = channel.bias;
+      #pragma unroll
+      for (int k = 0; k < Width; ++k) sum += channel.weight[k] * window[m + k];
+      const R gradient = p.silu ? g[m] * ssm::silu_slope(sum) : g[m];
+      gp[m] = gradient;
+      if (m < E) {
+        #pragma unroll
+        for (int k = 0; k < Width; ++k) sums[k] += gradient * window[m + k];
+        sums[Width] += gradient;
+      }
+    }
+    R d_x[E];
+    #pragma unroll
+    for (int i = 0; i < E; ++i) {
+      R sum = R(0);
+      #pragma unroll
+      for (int k = 0; k < Width; ++k) sum += channel.weight[k] * gp[i + H - k];
+      d_x[i] = sum;
+    }
+    if (p.d_final_states) {
+      const SequenceCursor<Packed> own(p.sequences, thread.b, first, hint);
+      const T* d_final = static_cast<const T*>(p.d_final_states);
+      #pragma unroll
+      for (int i = 0; i < E; ++i) {
+        const int64_t u = first + i;
+        if (u < own.end && u >= own.end - H)
+          d_x[i] += static_cast<R>(d_final[(own.index * p.dim + thread.c) * H + u - (own.end - H)]);
+      }
+    }
+    store_items<E>(static_cast<T*>(p.d_x) + thread.row * p.length, first, p.length, p.vectorized, d_x);
+  } else if (thread.active) {
     SequenceCursor<Packed> sequence(p.sequences, thread.b, first, hint);
     #pragma unroll
     for (int m = 0; m < E + H; ++m) {
@@ -462,6 +540,8 @@ __global__ void __launch_bounds__(kThreads) forward_channel_last_kernel(const Fo
     if (t >= 0) load_vector<V>(x + t * p.x_time_stride, window[j]);
   }
   SequenceCursor<Packed> sequence(p.sequences, thread.b, thread.t0, hint);
+  // Every tap of the chunk inside one sequence (most threads): no per-tap test.
+  const bool interior = sequence.start <= thread.t0 - H && (!Packed || thread.t1 <= sequence.end);
   for (int64_t tb = thread.t0; tb < thread.t1; tb += kStepBatch) {
     #pragma unroll
     for (int j = 0; j < kStepBatch; ++j)
@@ -470,18 +550,28 @@ __global__ void __launch_bounds__(kThreads) forward_channel_last_kernel(const Fo
     for (int j = 0; j < kStepBatch; ++j) {
       const int64_t t = tb + j;
       if (t >= thread.t1) break;
-      sequence.advance_to(t);
       R values[V];
-      #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        R sum = bias[i];
+      if (interior) {
         #pragma unroll
-        for (int k = 0; k < Width; ++k) {
-          const int64_t position = t - H + k;
-          sum += weight[i][k] * (position >= sequence.start ? window[j + k][i]
-                                 : initial_value<R, Width>(p, sequence.index, thread.c0 + i, sequence.start, position));
+        for (int i = 0; i < V; ++i) {
+          R sum = bias[i];
+          #pragma unroll
+          for (int k = 0; k < Width; ++k) sum += weight[i][k] * window[j + k][i];
+          values[i] = p.silu ? ssm::silu(sum) : sum;
         }
-        values[i] = p.silu ? ssm::silu(sum) : sum;
+      } else {
+        sequence.advance_to(t);
+        #pragma unroll
+        for (int i = 0; i < V; ++i) {
+          R sum = bias[i];
+          #pragma unroll
+          for (int k = 0; k < Width; ++k) {
+            const int64_t position = t - H + k;
+            sum += weight[i][k] * (position >= sequence.start ? window[j + k][i]
+                                   : initial_value<R, Width>(p, sequence.index, thread.c0 + i, sequence.start, position));
+          }
+          values[i] = p.silu ? ssm::silu(sum) : sum;
+        }
       }
       store_vector<V>(out + t * p.dim, values);
     }
