@@ -31,9 +31,7 @@ unsigned blocks_for(int64_t blocks, const char* what) {
 }
 
 // The blocks of the time-last kernels: a tile of every row a segment, kThreads / segment_threads segments a block.
-template <typename T>
-unsigned tile_blocks(const conv::ForwardParams& p) {
-  constexpr int items = conv::items_per_thread(sizeof(T));
+unsigned tile_blocks(const conv::ForwardParams& p, int items) {
   const int64_t segments_per_block = conv::kThreads / conv::segment_threads(p.length, items);
   const int64_t segments = p.batch * p.dim * conv::tiles_of(p.length, items);
   return blocks_for((segments + segments_per_block - 1) / segments_per_block, "batch * dim * tiles");
@@ -75,8 +73,14 @@ void launch(const conv::ForwardParams& p, cudaStream_t stream) {
             if (p.channel_last)
               conv::forward_channel_last_kernel<T, Width, Packed, Vector>
                   <<<chunk_blocks<T, Vector>(p), conv::kThreads, 0, stream>>>(p);
-            else if constexpr (!Vector)  // time-last rows take 16-byte runs where aligned, in one kernel
-              conv::forward_kernel<T, Width, Packed><<<tile_blocks<T>(p), conv::kThreads, 0, stream>>>(p);
+            else if constexpr (!Vector) {  // time-last rows: Vector is for channel-last ones
+              if (p.vectorized)
+                conv::forward_kernel<T, Width, Packed, true>
+                    <<<tile_blocks(p, conv::forward_items(sizeof(T), true)), conv::kThreads, 0, stream>>>(p);
+              else
+                conv::forward_kernel<T, Width, Packed, false>
+                    <<<tile_blocks(p, conv::forward_items(sizeof(T), false)), conv::kThreads, 0, stream>>>(p);
+            }
           });
           LINREC_CUDA_CHECK(cudaGetLastError());
         }
@@ -103,7 +107,8 @@ void launch(const conv::BackwardParams& p, cudaStream_t stream) {
               conv::backward_channel_last_kernel<T, Width, Packed, Vector>
                   <<<chunk_blocks<T, Vector>(p), conv::kThreads, 0, stream>>>(p);
             else if constexpr (!Vector)
-              conv::backward_kernel<T, Width, Packed><<<tile_blocks<T>(p), conv::kThreads, 0, stream>>>(p);
+              conv::backward_kernel<T, Width, Packed>
+                  <<<tile_blocks(p, conv::items_per_thread(sizeof(T))), conv::kThreads, 0, stream>>>(p);
           });
           LINREC_CUDA_CHECK(cudaGetLastError());
         }

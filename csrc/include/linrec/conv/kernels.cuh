@@ -243,10 +243,10 @@ __device__ __forceinline__ void halo_from_right(const TileThread<Items>& thread,
   }
 }
 
-template <typename T, int Width, bool Packed>
+template <typename T, int Width, bool Packed, bool Aligned>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p) {
   using R = accumulator_t<T>;
-  constexpr int E = kItems<T>, H = Width - 1;
+  constexpr int E = forward_items(sizeof(T), Aligned), H = Width - 1;
   const TileThread<E> thread(p);
   const int64_t first = thread.first;
   const T* x = static_cast<const T*>(p.x) + p.x_offset(thread.b, thread.c, 0);
