@@ -61,65 +61,65 @@ unsigned thread_blocks(int64_t threads) {
   return blocks_for((threads + conv::kThreads - 1) / conv::kThreads, "the call");
 }
 
+// Calls body.template operator()<T, Width>() for the call's element type and width, where it has rows.
+template <typename Body>
+void dispatch_call(const conv::ForwardParams& p, Body&& body) {
+  if (p.batch * p.dim == 0) return;
+  dispatch_dtype<__half, __nv_bfloat16>(p.dtype, [&]<typename T>() {
+    if constexpr (!is_complex<T>::value)
+      dispatch_width(p.width, [&]<int Width>() { body.template operator()<T, Width>(); });
+  });
+}
+
 }  // namespace
 
 void launch(const conv::ForwardParams& p, cudaStream_t stream) {
-  if (p.batch * p.dim == 0) return;
-  dispatch_dtype<__half, __nv_bfloat16>(p.dtype, [&]<typename T>() {
-    if constexpr (!is_complex<T>::value) {
-      dispatch_width(p.width, [&]<int Width>() {
-        if (p.length > 0) {
-          dispatch_layout(p, [&]<bool Packed, bool Vector>() {
-            if (p.channel_last)
-              conv::forward_channel_last_kernel<T, Width, Packed, Vector>
-                  <<<chunk_blocks<T, Vector>(p), conv::kThreads, 0, stream>>>(p);
-            else if constexpr (!Vector) {  // time-last rows: Vector is for channel-last ones
-              if (p.vectorized)
-                conv::forward_kernel<T, Width, Packed, true>
-                    <<<tile_blocks(p, conv::forward_items(sizeof(T), true)), conv::kThreads, 0, stream>>>(p);
-              else
-                conv::forward_kernel<T, Width, Packed, false>
-                    <<<tile_blocks(p, conv::forward_items(sizeof(T), false)), conv::kThreads, 0, stream>>>(p);
-            }
-          });
-          LINREC_CUDA_CHECK(cudaGetLastError());
-        }
-        const int64_t finals = p.sequences.count * p.dim * (Width - 1);
-        if constexpr (Width > 1) {  // a width of 1 has no final states
-          if (p.final_states && finals > 0) {
-            conv::final_states_kernel<T, Width><<<thread_blocks(finals), conv::kThreads, 0, stream>>>(p);
-            LINREC_CUDA_CHECK(cudaGetLastError());
-          }
+  dispatch_call(p, [&]<typename T, int Width>() {
+    if (p.length > 0) {
+      dispatch_layout(p, [&]<bool Packed, bool Vector>() {
+        if (p.channel_last)
+          conv::forward_channel_last_kernel<T, Width, Packed, Vector>
+              <<<chunk_blocks<T, Vector>(p), conv::kThreads, 0, stream>>>(p);
+        else if constexpr (!Vector) {  // time-last rows: Vector is for channel-last ones
+          if (p.vectorized)
+            conv::forward_kernel<T, Width, Packed, true>
+                <<<tile_blocks(p, conv::forward_items(sizeof(T), true)), conv::kThreads, 0, stream>>>(p);
+          else
+            conv::forward_kernel<T, Width, Packed, false>
+                <<<tile_blocks(p, conv::forward_items(sizeof(T), false)), conv::kThreads, 0, stream>>>(p);
         }
       });
+      LINREC_CUDA_CHECK(cudaGetLastError());
+    }
+    const int64_t finals = p.sequences.count * p.dim * (Width - 1);
+    if constexpr (Width > 1) {  // a width of 1 has no final states
+      if (p.final_states && finals > 0) {
+        conv::final_states_kernel<T, Width><<<thread_blocks(finals), conv::kThreads, 0, stream>>>(p);
+        LINREC_CUDA_CHECK(cudaGetLastError());
+      }
     }
   });
 }
 
 void launch(const conv::BackwardParams& p, cudaStream_t stream) {
-  if (p.batch * p.dim == 0) return;
-  dispatch_dtype<__half, __nv_bfloat16>(p.dtype, [&]<typename T>() {
-    if constexpr (!is_complex<T>::value) {
-      dispatch_width(p.width, [&]<int Width>() {
-        if (p.length > 0) {
-          dispatch_layout(p, [&]<bool Packed, bool Vector>() {
-            if (p.channel_last)
-              conv::backward_channel_last_kernel<T, Width, Packed, Vector>
-                  <<<chunk_blocks<T, Vector>(p), conv::kThreads, 0, stream>>>(p);
-            else if constexpr (!Vector)
-              conv::backward_kernel<T, Width, Packed>
-                  <<<tile_blocks(p, conv::items_per_thread(sizeof(T))), conv::kThreads, 0, stream>>>(p);
-          });
-          LINREC_CUDA_CHECK(cudaGetLastError());
-        }
-        const int64_t channels = p.sequences.count * p.dim;
-        if constexpr (Width > 1) {  // a width of 1 has no initial values
-          if (p.d_initial && channels > 0) {
-            conv::initial_gradient_kernel<T, Width><<<thread_blocks(channels), conv::kThreads, 0, stream>>>(p);
-            LINREC_CUDA_CHECK(cudaGetLastError());
-          }
-        }
+  dispatch_call(p, [&]<typename T, int Width>() {
+    if (p.length > 0) {
+      dispatch_layout(p, [&]<bool Packed, bool Vector>() {
+        if (p.channel_last)
+          conv::backward_channel_last_kernel<T, Width, Packed, Vector>
+              <<<chunk_blocks<T, Vector>(p), conv::kThreads, 0, stream>>>(p);
+        else if constexpr (!Vector)
+          conv::backward_kernel<T, Width, Packed>
+              <<<tile_blocks(p, conv::items_per_thread(sizeof(T))), conv::kThreads, 0, stream>>>(p);
       });
+      LINREC_CUDA_CHECK(cudaGetLastError());
+    }
+    const int64_t channels = p.sequences.count * p.dim;
+    if constexpr (Width > 1) {  // a width of 1 has no initial values
+      if (p.d_initial && channels > 0) {
+        conv::initial_gradient_kernel<T, Width><<<thread_blocks(channels), conv::kThreads, 0, stream>>>(p);
+        LINREC_CUDA_CHECK(cudaGetLastError());
+      }
     }
   });
 }

@@ -492,6 +492,21 @@ struct ChunkThread {
   }
 };
 
+// The taps and biases of V channels from c0.
+template <typename R, int Width, int V>
+struct VectorTaps {
+  R weight[V][Width], bias[V];
+
+  __device__ VectorTaps(const ForwardParams& p, int64_t c0) {
+    #pragma unroll
+    for (int i = 0; i < V; ++i) {
+      #pragma unroll
+      for (int k = 0; k < Width; ++k) weight[i][k] = static_cast<const R*>(p.weight)[(c0 + i) * Width + k];
+      bias[i] = p.bias ? static_cast<const R*>(p.bias)[c0 + i] : R(0);
+    }
+  }
+};
+
 // V consecutive elements from `at` as R: one 16-byte access for a vector (aligned), else one element.
 template <int V, typename T, typename R>
 __device__ __forceinline__ void load_vector(const T* at, R (&values)[V]) {
@@ -524,13 +539,9 @@ __global__ void __launch_bounds__(kThreads) forward_channel_last_kernel(const Fo
   if (!thread.active) return;
   const T* x = static_cast<const T*>(p.x) + thread.b * p.x_batch_stride + thread.c0;
   T* out = static_cast<T*>(p.out) + thread.b * p.length * p.dim + thread.c0;
-  R weight[V][Width], bias[V];
-  #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    #pragma unroll
-    for (int k = 0; k < Width; ++k) weight[i][k] = static_cast<const R*>(p.weight)[(thread.c0 + i) * Width + k];
-    bias[i] = p.bias ? static_cast<const R*>(p.bias)[thread.c0 + i] : R(0);
-  }
+  const VectorTaps<R, Width, V> taps(p, thread.c0);
+  const auto& weight = taps.weight;
+  const auto& bias = taps.bias;
   R window[H + kStepBatch][V];  // x at steps tb - H to tb + kStepBatch - 1
   #pragma unroll
   for (int j = 0; j < H; ++j) {
@@ -646,13 +657,9 @@ __global__ void __launch_bounds__(kThreads) backward_channel_last_kernel(const B
     const T* d_out = static_cast<const T*>(p.d_out) + out_start;
     T* d_x = static_cast<T*>(p.d_x) + out_start;
     const T* d_final = static_cast<const T*>(p.d_final_states);
-    R weight[V][Width], bias[V];
-    #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      #pragma unroll
-      for (int k = 0; k < Width; ++k) weight[i][k] = static_cast<const R*>(p.weight)[(thread.c0 + i) * Width + k];
-      bias[i] = p.bias ? static_cast<const R*>(p.bias)[thread.c0 + i] : R(0);
-    }
+    const VectorTaps<R, Width, V> taps(p, thread.c0);
+    const auto& weight = taps.weight;
+    const auto& bias = taps.bias;
     R window[H + kBatch][V];     // x at steps tb - H to tb + kBatch - 1
     R gradients[H + kBatch][V];  // gp at the same steps
     R g[kBatch][V];

@@ -18,6 +18,20 @@ namespace conv {
 
 using torch::headeronly::ScalarType;
 
+// Checks weight (dim, width), width 1 to kMaxWidth, and bias (dim,) beside x (batch, dim, ...): float32, or float64
+// beside float64 x, on x's device, contiguous. Returns the width.
+inline int check_filter(const char* op, const Tensor& x, const Tensor& weight, const OptionalTensor& bias) {
+  const int64_t dim = x.size(1);
+  const ScalarType real = x.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  const std::string real_text = dtype_string(real);
+  LINREC_CHECK(weight.dim() == 2 && weight.size(0) == dim && weight.size(1) >= 1 && weight.size(1) <= kMaxWidth, op,
+               ": weight must be (dim, width) with dim = ", dim, " and width 1 to ", kMaxWidth, ", got shape ",
+               shape_string(weight));
+  ssm::check_tensor(op, "weight", weight, x, {real}, real_text.c_str(), {dim, weight.size(1)}, "(dim, width)");
+  if (bias) ssm::check_tensor(op, "bias", *bias, x, {real}, real_text.c_str(), {dim}, "(dim,)");
+  return static_cast<int>(weight.size(1));
+}
+
 inline bool steps_aligned(const Tensor& tensor);
 
 // Whether every time row of time-last `tensor`, and of the contiguous tensors of its shape, starts 16-byte aligned.
@@ -45,12 +59,7 @@ inline ForwardParams check_arguments(const char* op, const Tensor& x, const Tens
   p.x_time_stride = x.stride(2);
   p.dtype = ssm::element_type(x.scalar_type());
   p.batch = x.size(0), p.dim = x.size(1), p.length = x.size(2);
-  LINREC_CHECK(weight.dim() == 2 && weight.size(0) == p.dim && weight.size(1) >= 1 && weight.size(1) <= kMaxWidth, op,
-               ": weight must be (dim, width) with dim = ", p.dim, " and width 1 to ", kMaxWidth, ", got shape ",
-               shape_string(weight));
-  p.width = static_cast<int>(weight.size(1));
-  ssm::check_tensor(op, "weight", weight, x, {real}, real_text.c_str(), {p.dim, p.width}, "(dim, width)");
-  if (bias) ssm::check_tensor(op, "bias", *bias, x, {real}, real_text.c_str(), {p.dim}, "(dim,)");
+  p.width = check_filter(op, x, weight, bias);
   p.sequences.count = p.batch;
   p.sequences.length = p.length;
   if (cu_seqlens) {
@@ -157,17 +166,10 @@ Tensor update_op(Tensor state, const Tensor& x, const Tensor& weight, const Opti
                     ": x must be torch.float32, torch.float64, torch.float16 or torch.bfloat16, got ", dtype_string(x));
   LINREC_CHECK(x.dim() == 3, op, ": x must be 3-dim (batch, dim, steps), got shape ", shape_string(x));
   LINREC_CHECK(x.is_contiguous(), op, ": x must be contiguous");
-  const ScalarType real = x.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
-  const std::string real_text = dtype_string(real);
   UpdateParams p;
   p.dtype = ssm::element_type(x.scalar_type());
   p.batch = x.size(0), p.dim = x.size(1), p.steps = x.size(2);
-  LINREC_CHECK(weight.dim() == 2 && weight.size(0) == p.dim && weight.size(1) >= 1 && weight.size(1) <= kMaxWidth, op,
-               ": weight must be (dim, width) with dim = ", p.dim, " and width 1 to ", kMaxWidth, ", got shape ",
-               shape_string(weight));
-  p.width = static_cast<int>(weight.size(1));
-  ssm::check_tensor(op, "weight", weight, x, {real}, real_text.c_str(), {p.dim, p.width}, "(dim, width)");
-  if (bias) ssm::check_tensor(op, "bias", *bias, x, {real}, real_text.c_str(), {p.dim}, "(dim,)");
+  p.width = check_filter(op, x, weight, bias);
   LINREC_CHECK(state.dim() == 3 && state.size(1) == p.dim && state.size(2) >= p.width - 1, op,
                ": conv_state must be (slots, dim, state_len) with dim = ", p.dim, " and state_len >= width - 1 = ",
                p.width - 1, ", got shape ", shape_string(state));
