@@ -526,6 +526,18 @@ __device__ __forceinline__ void store_vector(T* at, const R (&values)[V]) {
   }
 }
 
+// window[0, H) = the H steps of a thread's channels before step t0 (zeros before the row's start).
+template <int H, int V, typename T, typename R>
+__device__ __forceinline__ void steps_before(const T* x, int64_t t0, int64_t time_stride, R (*window)[V]) {
+  #pragma unroll
+  for (int j = 0; j < H; ++j) {
+    const int64_t t = t0 - H + j;
+    #pragma unroll
+    for (int i = 0; i < V; ++i) window[j][i] = R(0);
+    if (t >= 0) load_vector<V>(x + t * time_stride, window[j]);
+  }
+}
+
 // Steps a channel-last thread loads before it computes on them (loads in flight).
 constexpr int kStepBatch = 8;
 
@@ -543,13 +555,7 @@ __global__ void __launch_bounds__(kThreads) forward_channel_last_kernel(const Fo
   const auto& weight = taps.weight;
   const auto& bias = taps.bias;
   R window[H + kStepBatch][V];  // x at steps tb - H to tb + kStepBatch - 1
-  #pragma unroll
-  for (int j = 0; j < H; ++j) {
-    const int64_t t = thread.t0 - H + j;
-    #pragma unroll
-    for (int i = 0; i < V; ++i) window[j][i] = R(0);
-    if (t >= 0) load_vector<V>(x + t * p.x_time_stride, window[j]);
-  }
+  steps_before<H>(x, thread.t0, p.x_time_stride, window);
   SequenceCursor<Packed> sequence(p.sequences, thread.b, thread.t0, hint);
   // Every tap of the chunk inside one sequence (most threads): no per-tap test.
   const bool interior = sequence.start <= thread.t0 - H && (!Packed || thread.t1 <= sequence.end);
@@ -663,13 +669,7 @@ __global__ void __launch_bounds__(kThreads) backward_channel_last_kernel(const B
     R window[H + kBatch][V];     // x at steps tb - H to tb + kBatch - 1
     R gradients[H + kBatch][V];  // gp at the same steps
     R g[kBatch][V];
-    #pragma unroll
-    for (int j = 0; j < H; ++j) {
-      const int64_t t = thread.t0 - H + j;
-      #pragma unroll
-      for (int i = 0; i < V; ++i) window[j][i] = R(0);
-      if (t >= 0) load_vector<V>(x + t * p.x_time_stride, window[j]);
-    }
+    steps_before<H>(x, thread.t0, p.x_time_stride, window);
     SequenceCursor<Packed> sequence(p.sequences, thread.b, thread.t0, hint), own(p.sequences, thread.b, thread.t0, hint);
     const int64_t end_step = thread.t1 + H;  // gp at steps past the row is 0
     for (int64_t tb = thread.t0; tb < end_step; tb += kBatch) {
