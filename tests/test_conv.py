@@ -86,10 +86,13 @@ def test_packed_sequences(device, seed, width):
 
 
 def laid_out(values: torch.Tensor, layout: str) -> torch.Tensor:
-    """values (batch, dim, length) as a time-last tensor, a channel-last one ((batch, length, dim) transposed),
-    or the first dim channels of a (batch, length, 2 dim) tensor transposed (how Mamba slices its projection)."""
+    """values (batch, dim, length) as a time-last tensor, the first dim channels of a (batch, 2 dim, length)
+    one (how mamba_ssm slices its projection), a channel-last one ((batch, length, dim) transposed), or the first
+    dim channels of a (batch, length, 2 dim) tensor transposed (how transformers slices its projection)."""
     if layout == "time-last":
         return values.clone()
+    if layout == "time-slice":
+        return torch.cat([values, torch.full_like(values, float("nan"))], 1)[:, : values.shape[1]]
     if layout == "channel-last":
         return values.transpose(1, 2).contiguous().transpose(1, 2)
     dim = values.shape[1]
@@ -97,7 +100,7 @@ def laid_out(values: torch.Tensor, layout: str) -> torch.Tensor:
     return wider.contiguous()[..., :dim].transpose(1, 2)
 
 
-@pytest.mark.parametrize("layout", ["time-last", "channel-last", "channel-slice"])
+@pytest.mark.parametrize("layout", ["time-last", "time-slice", "channel-last", "channel-slice"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("length", [2048, 2049, 3001])
 def test_long_rows(device, seed, dtype, length, layout):
@@ -302,7 +305,7 @@ def test_update_with_state_indices_compiles(device, seed):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or not linrec.HAS_CUDA_KERNELS, reason="needs linrec's CUDA kernels")
-@pytest.mark.parametrize("layout", ["time-last", "channel-last"])
+@pytest.mark.parametrize("layout", ["time-last", "time-slice", "channel-last"])
 def test_opcheck(seed, layout):
     """torch.library.opcheck on the CUDA ops: schemas, fake kernels, the forward's autograd, the decode step's
     in-place write."""
