@@ -349,6 +349,35 @@ class CausalConvCase(Case):
         return Workload(lambda: torch.add(x.detach(), d_out), {"api-fwd": lambda: forward, "api-bwd": backward})
 
 
+@dataclass(frozen=True, kw_only=True)
+class CausalConvStepCase(Case):
+    """linrec.causal_conv1d_update (the conv's decode step) with a bias and SiLU, outside autograd: x (batch, d)
+    and conv_state (batch, d, width - 1) in the dtype, weight and bias float32. torch.add of two state-sized
+    tensors is the scale. A build without the step skips the row."""
+
+    batch: int
+    d: int
+    width: int = 4
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return ("api-fwd",)
+
+    def shape_text(self) -> str:
+        return f"{self.batch}x{self.d}w{self.width}"
+
+    def workload(self, device: torch.device) -> Workload:
+        state = torch.randn(self.batch, self.d, self.width - 1, device=device, dtype=self.dtype)
+        x = torch.randn(self.batch, self.d, device=device, dtype=self.dtype)
+        weight, bias = torch.randn(self.d, self.width, device=device), torch.randn(self.d, device=device)
+
+        def step() -> torch.Tensor:
+            with torch.no_grad():
+                return linrec.causal_conv1d_update(x, state, weight, bias, "silu")
+
+        return Workload(lambda: torch.add(state, state), {"api-fwd": lambda: step})
+
+
 def packed_offsets(length: int, sequences: int, empty: bool = False, seed: int = 0) -> torch.Tensor:
     """int32 cu_seqlens of ``sequences`` sequences of random unequal lengths that fill ``length``, the same
     on every run; with ``empty``, one of them is empty."""
@@ -426,6 +455,7 @@ def cpu_cases() -> list[Case]:
         StateUpdateCase(name="selective-step", batch=16, d=1024, n=16, dtype=BF16, quick=True),
         CausalConvCase(name="causal-conv", batch=2, d=256, length=4096, dtype=BF16, quick=True),
         CausalConvCase(name="causal-conv", batch=1, d=256, length=8192, sequences=16),
+        CausalConvStepCase(name="causal-conv-step", batch=64, d=2048),
         *tiny_cases(),
     ]
 
@@ -466,6 +496,7 @@ def gpu_cases() -> list[Case]:
         CausalConvCase(name="causal-conv", batch=1, d=2048, length=65536, dtype=BF16, sequences=64),
         CausalConvCase(name="causal-conv", batch=8, d=2048, length=2048, dtype=BF16, channel_last=True),
         CausalConvCase(name="causal-conv", batch=64, d=1536, length=128, dtype=BF16),
+        *(CausalConvStepCase(name="causal-conv-step", batch=batch, d=5120, dtype=BF16) for batch in (1, 64)),
         *tiny_cases(),
     ]
 
