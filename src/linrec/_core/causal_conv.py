@@ -18,6 +18,7 @@ import torch
 from .autograd import plain_autograd
 from .backend import cuda_device_problem
 from .library import HAS_CUDA_KERNELS  # importing library loads the ops
+from .selective_scan import contiguous_as
 
 #: The widest kernel the CUDA kernels take (csrc/include/linrec/conv/params.h: kMaxWidth).
 MAX_WIDTH = 4
@@ -126,17 +127,15 @@ def in_output_layout(tensor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _operand(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    if tensor is None:
-        return None
-    tensor = tensor if tensor.dtype == dtype else tensor.to(dtype)
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
+    return None if tensor is None else contiguous_as(tensor, dtype)
 
 
 def forward(x, weight, bias, silu: bool, initial_states, cu_seqlens, return_final_states: bool,
             real_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward op (with autograd) on the caller's tensors: (out, final_states or an empty tensor). x is read
-    as it is where contiguous or channel-last (out then in the same layout), else copied contiguous; the parameters
-    converted to ``real_dtype`` (float32, or float64 beside float64 x)."""
+    where it lies when its steps or its channels are contiguous (as_kernel_input), out then contiguous or, for
+    channel-last x, channel-last; the parameters converted to ``real_dtype`` (float32, or float64 beside float64
+    x)."""
     return _FORWARD(as_kernel_input(x), _operand(weight, real_dtype),
                     _operand(bias, real_dtype), silu, _operand(initial_states, real_dtype), cu_seqlens,
                     return_final_states)
@@ -144,6 +143,6 @@ def forward(x, weight, bias, silu: bool, initial_states, cu_seqlens, return_fina
 
 def update(conv_state, x, weight, bias, silu: bool, conv_state_indices, real_dtype: torch.dtype) -> torch.Tensor:
     """The decode step's op: x (batch, dim, steps) made contiguous, conv_state updated in place."""
-    return _UPDATE(conv_state, x if x.is_contiguous() else x.contiguous(), _operand(weight, real_dtype),
+    return _UPDATE(conv_state, contiguous_as(x, x.dtype), _operand(weight, real_dtype),
                    _operand(bias, real_dtype), silu, conv_state_indices)
 
